@@ -1,0 +1,54 @@
+"""The loop's overhead in instructions, counted by valgrind's callgrind: exact and repeatable where timings are noise.
+
+Same setup as bench/overhead.py. Each loop runs in its own process under callgrind twice, with a short and a long
+epoch (validation set a fifth of it); the difference divided by the extra steps is the cost per step with
+start-up and per-fit costs removed. Progress bars are off here: they refresh by wall time, and under valgrind
+every step is ~100x slower, so they would refresh ~100x more often than in real use (bench/overhead.py times
+them). Needs valgrind (apt-get install valgrind). Takes a few minutes.
+
+    python bench/instructions.py [--short 20] [--long 120]
+"""
+import argparse, os, re, subprocess, sys, tempfile
+
+
+def child(mode, steps):
+    import torch
+    sys.path.insert(0, os.path.dirname(__file__))
+    import overhead as ov
+    from nbtrainer.core import Learner
+    torch.set_num_threads(1)
+    train, valid = ov.make_batches(steps), ov.make_batches(max(1, steps // 5), seed=1)
+    model = ov.make_model()
+    if mode == 'hand':
+        ov.hand_written_epoch(model, torch.optim.Adam(model.parameters(), lr=1e-3), train, valid)
+    else:
+        Learner(model, train, valid, opt_func=torch.optim.Adam, lr=1e-3, metrics=('accuracy',), progress=False).fit(1)
+
+
+def count(mode, steps):
+    "Instructions executed by a child process running `mode` for `steps` steps."
+    env = dict(os.environ, OPENBLAS_NUM_THREADS='1', OMP_NUM_THREADS='1')  # idle BLAS threads spin: noise
+    with tempfile.TemporaryDirectory() as tmp:
+        run = subprocess.run(['valgrind', '--tool=callgrind', f'--callgrind-out-file={tmp}/out', sys.executable,
+                              __file__, '--child', mode, str(steps)], capture_output=True, text=True, env=env)
+        found = re.search(r'Collected : (\d+)', run.stderr)
+        if run.returncode or not found: sys.exit(f'callgrind failed for {mode}:\n{run.stderr[-2000:]}')
+        return int(found.group(1))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--short', type=int, default=20)
+    parser.add_argument('--long', type=int, default=120)
+    parser.add_argument('--child', nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child: return child(args.child[0], int(args.child[1]))
+    per_step = {}
+    for mode in ('hand', 'learner'):
+        per_step[mode] = (count(mode, args.long) - count(mode, args.short)) / (args.long - args.short)
+        print(f'  {mode:<8} {per_step[mode] / 1e6:8.3f} M instructions per step (validation included)')
+    print(f'  learn.fit / hand-written: {per_step["learner"] / per_step["hand"]:.4f}x instructions per step')
+
+
+if __name__ == '__main__':
+    main()
