@@ -10,7 +10,7 @@ __all__ = ['EVENTS', 'CancelFitException', 'CancelEpochException', 'CancelTrainE
            'default_device', 'resolve_device', 'to_device', 'batch_size', 'preserve_rng', 'Learner', 'Recorder',
            'SkipNonFinite']
 
-# %% ../nbs/00_core.ipynb #6478d18b
+# %% ../nbs/00_core.ipynb #b46a11ac
 import contextlib, itertools, math, random, time
 from collections.abc import Mapping
 
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from .metrics import Mean, get_metric
 
-# %% ../nbs/00_core.ipynb #fb1737f4
+# %% ../nbs/00_core.ipynb #aa30246d
 class CancelFitException(Exception):      "Skip the rest of `fit`."
 class CancelEpochException(Exception):    "Skip the rest of this epoch."
 class CancelTrainException(Exception):    "Skip the rest of this epoch's training phase."
@@ -41,7 +41,7 @@ EVENTS = ('before_fit', 'before_epoch', 'before_train', 'before_batch', 'after_p
           'after_train', 'before_validate', 'after_validate', 'after_epoch', 'after_fit',
           *(f'after_cancel_{s}' for s in _SCOPES))
 
-# %% ../nbs/00_core.ipynb #788ece52
+# %% ../nbs/00_core.ipynb #9a4ab008
 class Callback:
     "Base class for callbacks: define methods named after events in `EVENTS`."
     order = 0
@@ -50,7 +50,7 @@ class Callback:
     def state_dict(self): return {}
     def load_state_dict(self, state): pass
 
-# %% ../nbs/00_core.ipynb #47fcb3b2
+# %% ../nbs/00_core.ipynb #87e7c645
 def _dispatch_table(cbs):
     "Per event, the bound methods of the callbacks that handle it, in `order`."
     ordered = sorted(cbs, key=lambda cb: cb.order)
@@ -61,7 +61,7 @@ def _note(exc, msg):
     "Attach `msg` to the traceback of `exc` (Python 3.11+; a no-op before)."
     getattr(exc, 'add_note', lambda _: None)(msg)
 
-# %% ../nbs/00_core.ipynb #830588b0
+# %% ../nbs/00_core.ipynb #7b715db4
 def default_device():
     "CUDA if available, then Apple's MPS, then the CPU."
     if torch.cuda.is_available(): return torch.device('cuda', torch.cuda.current_device())
@@ -93,7 +93,7 @@ def batch_size(b):
         if n: return n
     return 0
 
-# %% ../nbs/00_core.ipynb #b68e3d0e
+# %% ../nbs/00_core.ipynb #c8fa1e1e
 @contextlib.contextmanager
 def preserve_rng(device=None):
     "Run a block without consuming the global random streams of torch, `random` and NumPy."
@@ -107,7 +107,7 @@ def preserve_rng(device=None):
         random.setstate(py_state)
         np.random.set_state(np_state)
 
-# %% ../nbs/00_core.ipynb #38885699
+# %% ../nbs/00_core.ipynb #df2d68b2
 class Learner:
     "Train `model` on `train_dl` with `loss_func` and an optimizer from `opt_func`; callbacks see every step."
     target_keys = ('y', 'target', 'targets', 'label', 'labels')
@@ -137,12 +137,12 @@ class Learner:
 
     # ---- callbacks ----
     def add_cbs(self, cbs):
-        "Attach callbacks (instances, or classes to instantiate)."
-        for cb in cbs:
-            cb = cb() if isinstance(cb, type) else cb
-            cb.learn = self
-            self.cbs.append(cb)
+        "Attach callbacks (instances, or classes to instantiate); returns the instances."
+        added = [cb() if isinstance(cb, type) else cb for cb in cbs]
+        for cb in added: cb.learn = self
+        self.cbs.extend(added)
         self._dispatch = _dispatch_table(self.cbs)
+        return added
 
     def remove_cbs(self, cbs):
         "Detach callbacks."
@@ -271,7 +271,7 @@ class Learner:
         self._end_step = self.step + steps if steps else math.inf
         self._last_eval_step = self.step
         self.fitting, stop = True, None
-        self.add_cbs(cbs)
+        cbs = self.add_cbs(cbs)
         try:
             self.zero_grad()
             try:
@@ -316,7 +316,7 @@ class Learner:
             self._one_batch(batch)
         if self.dl is not None:
             self.metric_values = {'valid_loss': self.valid_loss.compute(),
-                                  **{m.name: _as_float(m.compute()) for m in self.metrics}}
+                                  **{_metric_name(m): _as_float(m.compute()) for m in self.metrics}}
 
     def _update_metrics(self):
         self.valid_loss.update(self.loss.detach(), self.bs)
@@ -361,7 +361,9 @@ class Learner:
 def _as_float(v):
     return v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v
 
-# %% ../nbs/00_core.ipynb #5bb60472
+def _metric_name(m): return getattr(m, 'name', None) or type(m).__name__.lower()
+
+# %% ../nbs/00_core.ipynb #fc9b198c
 class Recorder(Callback):
     "Keeps the loss of every training batch and one history row per evaluation, with no sync per step."
     order = -10  # before displays, which read it
@@ -440,7 +442,7 @@ class Recorder(Callback):
         from nbtrainer.plotting import plot_history  # lazy: core never imports matplotlib
         return plot_history(self, path)
 
-# %% ../nbs/00_core.ipynb #00abea27
+# %% ../nbs/00_core.ipynb #689de36b
 class SkipNonFinite(Callback):
     "Skip training batches whose loss is NaN or inf (syncs once per step: opt-in)."
     order = -20  # before the Recorder queues the loss

@@ -7,7 +7,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/demo.html.md"""
 # %% auto #0
 __all__ = ['digits_loaders', 'digits_model', 'fashion_mnist_loaders', 'train_digits', 'main']
 
-# %% ../nbs/04_demo.ipynb #c3e63770
+# %% ../nbs/04_demo.ipynb #8f3f286b
 import argparse
 from pathlib import Path
 
@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from .core import Learner
 
-# %% ../nbs/04_demo.ipynb #4ac8580a
+# %% ../nbs/04_demo.ipynb #44054af1
 def digits_loaders(batch_size=64, valid_frac=0.2, seed=0):
     "scikit-learn's 8x8 digits as (train, valid) DataLoaders: pixels scaled to [0, 1], a seeded split and shuffle."
     try:
@@ -38,7 +38,7 @@ def digits_model(hidden=128, dropout=0.1):
     "A two-layer MLP for 64 pixels → 10 classes."
     return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 10))
 
-# %% ../nbs/04_demo.ipynb #fc0baae9
+# %% ../nbs/04_demo.ipynb #fb8bc5a6
 def fashion_mnist_loaders(root='data', batch_size=128):
     "Fashion-MNIST from torchvision as flat (train, valid) DataLoaders; downloads on first use."
     from torchvision import datasets, transforms
@@ -48,7 +48,7 @@ def fashion_mnist_loaders(root='data', batch_size=128):
     return (DataLoader(train, batch_size=batch_size, shuffle=True, num_workers=2),
             DataLoader(valid, batch_size=batch_size * 2, num_workers=2))
 
-# %% ../nbs/04_demo.ipynb #8c152cad
+# %% ../nbs/04_demo.ipynb #759585d9
 def train_digits(epochs=20, lr=3e-3, batch_size=64, seed=0, out='runs/digits'):
     "Train the digits MLP with progress, save `history.png` and `history.csv` in `out`; returns the Learner."
     torch.manual_seed(seed)

@@ -8,12 +8,12 @@ Docs: https://nbtrainer.github.io/nbtrainer/metrics.html.md"""
 __all__ = ['Metric', 'Mean', 'Loss', 'Perplexity', 'Accuracy', 'TopKAccuracy', 'ConfusionMatrix', 'Precision', 'Recall', 'F1',
            'MCC', 'get_metric']
 
-# %% ../nbs/01_metrics.ipynb #4218c476
+# %% ../nbs/01_metrics.ipynb #8b3537fa
 import math
 import torch
 import torch.nn.functional as F
 
-# %% ../nbs/01_metrics.ipynb #8d48fb80
+# %% ../nbs/01_metrics.ipynb #0ab88b38
 class Metric:
     "Base class: `reset()` per evaluation, `update(pred, target)` per batch (no host sync), `compute()` once (returns a float)."
     name = "metric"
@@ -23,7 +23,7 @@ class Metric:
     def compute(self): raise NotImplementedError
     def __repr__(self): return f"{type(self).__name__}(name={self.name!r})"
 
-# %% ../nbs/01_metrics.ipynb #7b43db90
+# %% ../nbs/01_metrics.ipynb #6e8974fe
 def _sum_dtype(device):
     "float64 for exact sums; MPS has no float64"
     return torch.float32 if torch.device(device).type == "mps" else torch.float64
@@ -41,7 +41,7 @@ def _class_scores(pred, target):
         raise ValueError(f"pred gives {pred.shape[0]} predictions but target has {target.shape[0]} values")
     return pred, target
 
-# %% ../nbs/01_metrics.ipynb #0f244190
+# %% ../nbs/01_metrics.ipynb #67b11a0b
 class Mean(Metric):
     "Weighted mean of scalar values (0-d tensors or floats); `weight` is a Python number such as the batch size."
     def __init__(self, name="mean"):
@@ -60,7 +60,7 @@ class Mean(Metric):
 
     def compute(self): return self.total.item() / self.weight if self.weight else math.nan
 
-# %% ../nbs/01_metrics.ipynb #838149f1
+# %% ../nbs/01_metrics.ipynb #95fca655
 class Loss(Mean):
     "Example-weighted mean of `loss_func(pred, target)` over an evaluation."
     def __init__(self, loss_func=F.cross_entropy, name="loss"):
@@ -78,7 +78,7 @@ class Perplexity(Loss):
         try: return math.exp(super().compute())
         except OverflowError: return math.inf
 
-# %% ../nbs/01_metrics.ipynb #f6871592
+# %% ../nbs/01_metrics.ipynb #bca6229e
 class Accuracy(Metric):
     "Fraction of examples whose argmax prediction equals the target."
     name = "accuracy"
@@ -104,7 +104,7 @@ class TopKAccuracy(Accuracy):
         top = scores.topk(min(self.k, scores.shape[1]), dim=1).indices
         return (top == target[:, None]).any(dim=1)
 
-# %% ../nbs/01_metrics.ipynb #bc0ac7ce
+# %% ../nbs/01_metrics.ipynb #b2f57b5a
 class ConfusionMatrix(Metric):
     "C x C int64 counts, rows = target, cols = prediction; `compute()` returns the matrix on the CPU."
     name = "confusion_matrix"
@@ -124,7 +124,7 @@ class ConfusionMatrix(Metric):
         if self.counts is None: return torch.zeros(0, 0, dtype=torch.int64)
         return self.counts.cpu()
 
-# %% ../nbs/01_metrics.ipynb #2fc5b058
+# %% ../nbs/01_metrics.ipynb #6ca018c6
 def _ratio(num, den):
     "num / den, and 0 where den == 0 (there num == 0 too), like sklearn's zero_division=0"
     return num / den.clamp(min=1)
@@ -158,7 +158,7 @@ class _Averaged(_FromConfusion):
         seen = (support + predicted) > 0  # sklearn's labels=None: classes in targets or predictions
         return float(per_class[seen].mean())
 
-# %% ../nbs/01_metrics.ipynb #cd32adb6
+# %% ../nbs/01_metrics.ipynb #802a9e52
 class Precision(_Averaged):
     "Of the examples predicted as a class, the fraction that belong to it."
     kind = "precision"
@@ -174,7 +174,7 @@ class F1(_Averaged):
     kind = "f1"
     def _per_class(self, tp, support, predicted): return _ratio(2 * tp, support + predicted)
 
-# %% ../nbs/01_metrics.ipynb #05f900b2
+# %% ../nbs/01_metrics.ipynb #60dc6c7f
 class MCC(_FromConfusion):
     "Multiclass Matthews correlation coefficient."
     name = "mcc"
@@ -186,7 +186,7 @@ class MCC(_FromConfusion):
         if cov_pred * cov_true == 0: return 0.0
         return float(cov_true_pred / (cov_true * cov_pred).sqrt())
 
-# %% ../nbs/01_metrics.ipynb #e0ef218f
+# %% ../nbs/01_metrics.ipynb #37ba8b60
 _METRICS = {
     "accuracy": Accuracy, "top_k_accuracy": TopKAccuracy, "mcc": MCC, "perplexity": Perplexity,
     "precision": Precision, "recall": Recall, "f1": F1,

@@ -7,12 +7,12 @@ Docs: https://nbtrainer.github.io/nbtrainer/progress.html.md"""
 # %% auto #0
 __all__ = ['format_row', 'format_header', 'ProgressCallback']
 
-# %% ../nbs/02_progress.ipynb #316a8a13
+# %% ../nbs/02_progress.ipynb #c3810157
 import math, time
 
 from .core import Callback
 
-# %% ../nbs/02_progress.ipynb #f7eec750
+# %% ../nbs/02_progress.ipynb #8d9544db
 def format_row(row, keys=None):
     "One history row as aligned text: numbers to 4 significant digits, time as seconds."
     keys = keys or list(row)
@@ -25,7 +25,7 @@ def format_row(row, keys=None):
 
 def format_header(keys): return ' '.join(f'{k:>{max(len(k), 10)}}' for k in keys)
 
-# %% ../nbs/02_progress.ipynb #85c5c59e
+# %% ../nbs/02_progress.ipynb #6ecf60eb
 class ProgressCallback(Callback):
     "Epoch and batch bars with the smoothed loss; prints each history row as the fit goes."
     order = 50  # after the Recorder and metric callbacks
