@@ -7,10 +7,10 @@ Docs: https://nbtrainer.github.io/nbtrainer/core.html.md"""
 # %% auto #0
 __all__ = ['EVENTS', 'CancelFitException', 'CancelEpochException', 'CancelTrainException', 'CancelValidateException',
            'CancelBatchException', 'CancelStepException', 'CancelBackwardException', 'NonFiniteLossError', 'Callback',
-           'default_device', 'resolve_device', 'to_device', 'batch_size', 'preserve_rng', 'Learner', 'Recorder',
-           'SkipNonFinite']
+           'default_device', 'resolve_device', 'to_device', 'batch_size', 'preserve_rng', 'rng_state', 'set_rng_state',
+           'Learner', 'Recorder', 'SkipNonFinite']
 
-# %% ../nbs/00_core.ipynb #b46a11ac
+# %% ../nbs/00_core.ipynb #1f64c8ee
 import contextlib, itertools, math, random, time
 from collections.abc import Mapping
 
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from .metrics import Mean, get_metric
 
-# %% ../nbs/00_core.ipynb #aa30246d
+# %% ../nbs/00_core.ipynb #63cc6181
 class CancelFitException(Exception):      "Skip the rest of `fit`."
 class CancelEpochException(Exception):    "Skip the rest of this epoch."
 class CancelTrainException(Exception):    "Skip the rest of this epoch's training phase."
@@ -41,7 +41,7 @@ EVENTS = ('before_fit', 'before_epoch', 'before_train', 'before_batch', 'after_p
           'after_train', 'before_validate', 'after_validate', 'after_epoch', 'after_fit',
           *(f'after_cancel_{s}' for s in _SCOPES))
 
-# %% ../nbs/00_core.ipynb #9a4ab008
+# %% ../nbs/00_core.ipynb #44275bcf
 class Callback:
     "Base class for callbacks: define methods named after events in `EVENTS`."
     order = 0
@@ -50,7 +50,7 @@ class Callback:
     def state_dict(self): return {}
     def load_state_dict(self, state): pass
 
-# %% ../nbs/00_core.ipynb #87e7c645
+# %% ../nbs/00_core.ipynb #1e9d919a
 def _dispatch_table(cbs):
     "Per event, the bound methods of the callbacks that handle it, in `order`."
     ordered = sorted(cbs, key=lambda cb: cb.order)
@@ -61,7 +61,7 @@ def _note(exc, msg):
     "Attach `msg` to the traceback of `exc` (Python 3.11+; a no-op before)."
     getattr(exc, 'add_note', lambda _: None)(msg)
 
-# %% ../nbs/00_core.ipynb #7b715db4
+# %% ../nbs/00_core.ipynb #93250cd4
 def default_device():
     "CUDA if available, then Apple's MPS, then the CPU."
     if torch.cuda.is_available(): return torch.device('cuda', torch.cuda.current_device())
@@ -93,7 +93,7 @@ def batch_size(b):
         if n: return n
     return 0
 
-# %% ../nbs/00_core.ipynb #c8fa1e1e
+# %% ../nbs/00_core.ipynb #92b40650
 @contextlib.contextmanager
 def preserve_rng(device=None):
     "Run a block without consuming the global random streams of torch, `random` and NumPy."
@@ -107,15 +107,65 @@ def preserve_rng(device=None):
         random.setstate(py_state)
         np.random.set_state(np_state)
 
-# %% ../nbs/00_core.ipynb #df2d68b2
+# %% ../nbs/00_core.ipynb #69bc03a0
+def _loader_generators(dl):
+    "The torch.Generators that decide a DataLoader's order: its own and its sampler's, if any."
+    found = []
+    for owner in (dl, getattr(dl, 'sampler', None), getattr(getattr(dl, 'batch_sampler', None), 'sampler', None)):
+        g = getattr(owner, 'generator', None)
+        if isinstance(g, torch.Generator) and all(g is not f for f in found): found.append(g)
+    return found
+
+def rng_state(dl=None):
+    "Every random state that training depends on: Python, NumPy, torch (CPU and CUDA), and `dl`'s generators."
+    version, words, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {'python': [version, list(words), gauss],  # lists and tensors only: loadable with weights_only=True
+            'numpy': [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+            'torch': torch.get_rng_state(),
+            'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            'loader': [g.get_state() for g in _loader_generators(dl)] if dl is not None else []}
+
+def set_rng_state(state, dl=None):
+    "Restore a state from `rng_state`."
+    version, words, gauss = state['python']
+    random.setstate((version, tuple(words), gauss))
+    kind, keys, pos, has_gauss, cached = state['numpy']
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state['torch'])
+    if state['cuda'] and torch.cuda.is_available(): torch.cuda.set_rng_state_all(state['cuda'])
+    if dl is not None:
+        for g, s in zip(_loader_generators(dl), state['loader']): g.set_state(s)
+
+# %% ../nbs/00_core.ipynb #efbdd409
+def _training_mechanics(precision='fp32', accumulate=1, clip_grad_norm=None):
+    "The callbacks behind the Learner's `precision=`, `accumulate=` and `clip_grad_norm=` arguments."
+    if precision not in ('fp32', 'fp16', 'bf16'): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', got {precision!r}")
+    if not (isinstance(accumulate, int) and accumulate >= 1): raise ValueError(f'accumulate must be an int >= 1, got {accumulate!r}')
+    if clip_grad_norm is not None and not clip_grad_norm > 0: raise ValueError(f'clip_grad_norm must be > 0, got {clip_grad_norm!r}')
+    cbs = []
+    if precision != 'fp32':
+        from nbtrainer.amp import MixedPrecision
+        cbs.append(MixedPrecision(precision))
+    if accumulate > 1:
+        from nbtrainer.gradients import GradientAccumulation
+        cbs.append(GradientAccumulation(accumulate))
+    if clip_grad_norm is not None:
+        from nbtrainer.gradients import GradientClip
+        cbs.append(GradientClip(clip_grad_norm))
+    return cbs
+
+# %% ../nbs/00_core.ipynb #945e0184
 class Learner:
     "Train `model` on `train_dl` with `loss_func` and an optimizer from `opt_func`; callbacks see every step."
     target_keys = ('y', 'target', 'targets', 'label', 'labels')
 
     def __init__(self, model, train_dl, valid_dl=None, loss_func=F.cross_entropy, opt_func=torch.optim.AdamW,
-                 lr=1e-3, metrics=('accuracy',), cbs=(), device=None, progress=True, skip_nonfinite=False):
+                 lr=1e-3, metrics=('accuracy',), cbs=(), device=None, progress=True, skip_nonfinite=False,
+                 precision='fp32', accumulate=1, clip_grad_norm=None, compile=False):
         self.device = resolve_device(device)
         self.model = model.to(self.device)
+        if compile: self.model = torch.compile(self.model)
         self.train_dl, self.valid_dl = train_dl, valid_dl
         self.loss_func, self.opt_func = loss_func, opt_func
         self.metrics = [get_metric(m, loss_func) for m in metrics]
@@ -123,9 +173,11 @@ class Learner:
         self._check_lr(lr)
         self._lr, self.opt = lr, None
         self.create_opt()
-        self.epoch = self.step = 0
-        self.training, self.fitting = False, False
-        self.metric_values, self._check_next, self._collect = {}, False, None
+        self.autocast = None  # a dtype to autocast the forward pass and loss to: mixed precision sets it
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=False)  # fp16 swaps in an enabled one
+        self.epoch = self.step = self.batches_done = 0
+        self.training, self.fitting, self.epoch_done, self.accumulating = False, False, False, False
+        self.metric_values, self._check_next, self._collect, self._resume = {}, False, None, None
         self.cbs, self._dispatch = [], _dispatch_table([])
         self.recorder = Recorder()
         defaults = [self.recorder]
@@ -133,6 +185,7 @@ class Learner:
             from nbtrainer.progress import ProgressCallback  # lazy: keeps `import nbtrainer.core` light
             defaults.append(ProgressCallback())
         if skip_nonfinite: defaults.append(SkipNonFinite())
+        defaults += _training_mechanics(precision, accumulate, clip_grad_norm)
         self.add_cbs(defaults + list(cbs))
 
     # ---- callbacks ----
@@ -203,9 +256,22 @@ class Learner:
 
     def predict(self): self.pred = self.model(**self.xb) if isinstance(self.xb, dict) else self.model(*self.xb)
     def get_loss(self): self.loss = self.loss_func(self.pred) if self.yb is None else self.loss_func(self.pred, self.yb)
-    def backward(self): self.loss.backward()
-    def opt_step(self): self.opt.step()
+    def backward(self): self.scaler.scale(self.loss_grad).backward()  # the scaler is a pass-through unless fp16
+
+    def opt_step(self):
+        "Step the optimizer, through the fp16 grad scaler when there is one; a step it skips is cancelled."
+        if not self.scaler.is_enabled(): return self.opt.step()
+        scale = self.scaler.get_scale()
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        if self.scaler.get_scale() < scale: raise CancelStepException()  # inf/NaN gradients: skipped, not counted
+
     def zero_grad(self): self.opt.zero_grad()
+
+    def apply_step(self):
+        "The optimizer step with its events, then `zero_grad`. Gradient accumulation calls it at a window's end."
+        self._with_events(self._counted_step, 'step', CancelStepException)
+        self.zero_grad()
 
     # ---- the loop ----
     def _one_batch(self, batch):
@@ -214,50 +280,72 @@ class Learner:
         self.bs = batch_size(self.yb if self.yb is not None else self.xb)
         self._with_events(self._do_batch, 'batch', CancelBatchException)
 
-    def _do_batch(self):
+    def _forward(self):
         self.predict()
         if self._check_next: self._check_labels()
         self('after_pred')
         self.get_loss()
         if self._check_next: self._check_loss()
         self('after_loss')
+
+    def _do_batch(self):
+        if self.autocast is None: self._forward()
+        else:
+            with torch.autocast(self.device.type, dtype=self.autocast): self._forward()
         if not self.training:
             self._update_metrics()
             return
+        self.loss_grad = self.loss  # what backward differentiates: callbacks may rescale it in before_backward
         self._with_events(self.backward, 'backward', CancelBackwardException)
-        self._with_events(self._counted_step, 'step', CancelStepException)
-        self.zero_grad()
+        self.apply_step()
 
     def _counted_step(self):
         self.opt_step()
         self.step += 1
 
+    def _train_batches(self):
+        "The epoch's batches and the index of the first; a resumed epoch replays its order and skips those done."
+        resume, self._resume = self._resume, None
+        if resume: set_rng_state(resume['epoch_start'], self.train_dl)
+        self.epoch_start_state = rng_state(self.train_dl)  # what fixes this epoch's order: checkpoints keep it
+        batches = iter(self.train_dl)
+        if not resume: return 0, batches
+        for _ in range(resume['batches_done']): next(batches)
+        set_rng_state(resume['rng'], self.train_dl)
+        return resume['batches_done'], batches
+
+    def _evaluate_if_due(self):
+        if self.eval_every and self.step % self.eval_every == 0 and self.step != self._last_eval_step: self._evaluate()
+
     def _do_train(self):
         self.training, self.dl = True, self.train_dl
         self.model.train()
-        self._check_next, seen = True, False
-        for self.iter, batch in enumerate(self.train_dl):
-            seen = True
+        self._check_next = True
+        start, batches = self._train_batches()
+        self.batches_done = start
+        if start: self._evaluate_if_due()  # resumed right after a step whose evaluation had not run yet
+        self.iter = start - 1
+        for self.iter, batch in enumerate(batches, start):
+            self.batches_done = self.iter + 1  # taken from the loader, as a checkpoint in after_batch must know
             self._one_batch(batch)
-            if self.eval_every and self.step % self.eval_every == 0 and self.step != self._last_eval_step:
-                self._evaluate()
+            self._evaluate_if_due()
             if self.step >= self._end_step: break
-        if not seen: raise ValueError('train_dl yielded no batches: the training loader is empty')
+        if self.iter < 0: raise ValueError('train_dl yielded no batches: the training loader is empty')
 
     def _do_epoch(self):
+        self.epoch_done = False
         self._with_events(self._do_train, 'train', CancelTrainException)
+        self.epoch_done = True  # training of this epoch is complete: a checkpoint from now on resumes at the next
         if not self.eval_every: self._evaluate()
 
     def _do_fit(self):
-        epochs = range(self.n_epochs) if self.n_epochs else itertools.count()  # steps mode: until the budget is spent
-        for _ in epochs:
+        while self.epoch < self._end_epoch and self.step < self._end_step:
             self._with_events(self._do_epoch, 'epoch', CancelEpochException)
             self.epoch += 1
-            if self.step >= self._end_step: break
         if self.eval_every and self.step != self._last_eval_step: self._evaluate()
 
-    def fit(self, epochs=None, *, steps=None, eval_every=None, cbs=(), lr=None, reset_opt=False):
-        "Train for `epochs` epochs, or for `steps` optimizer steps; validate each epoch or every `eval_every` steps."
+    def fit(self, epochs=None, *, steps=None, eval_every=None, cbs=(), lr=None, reset_opt=False, resume=None):
+        "Train for `epochs` epochs, or `steps` optimizer steps; validate each epoch or every `eval_every` steps."
         if (epochs is None) == (steps is None): raise ValueError('fit needs exactly one of epochs= or steps=')
         for name, v in (('epochs', epochs), ('steps', steps), ('eval_every', eval_every)):
             if v is not None and not (isinstance(v, int) and v > 0): raise ValueError(f'{name} must be an int > 0, got {v!r}')
@@ -265,11 +353,16 @@ class Learner:
             raise ValueError('train_dl yielded no batches: the training loader is empty')
         if reset_opt: self.create_opt()
         if lr is not None: self.lr = lr
+        self.fit_start = (self.epoch, self.step)
+        self._last_eval_step = self.step
+        if resume:
+            from nbtrainer.checkpoint import resume_from  # lazy: checkpoints are not part of the core loop
+            resume_from(self, resume)  # puts back the whole state, including fit_start, mid-epoch
         self.n_epochs, self.eval_every = epochs, eval_every
         n_batches = len(self.train_dl) if hasattr(self.train_dl, '__len__') else None
-        self.n_steps = steps or (epochs * n_batches if n_batches else None)  # planned optimizer steps
-        self._end_step = self.step + steps if steps else math.inf
-        self._last_eval_step = self.step
+        self.n_steps = steps or (epochs * n_batches if n_batches else None)  # planned batches (steps if accumulate=1)
+        self._end_epoch = self.fit_start[0] + epochs if epochs else math.inf
+        self._end_step = self.fit_start[1] + steps if steps else math.inf
         self.fitting, stop = True, None
         cbs = self.add_cbs(cbs)
         try:
@@ -301,6 +394,7 @@ class Learner:
         self.training, self.dl, self.metric_values, self._collect = False, dl, {}, collect
         self.model.eval()
         for m in (self.valid_loss, *self.metrics): m.reset()
+        if self.fitting: self.rng_outside_validation = rng_state(self.train_dl)  # what a checkpoint saved now keeps
         try:
             with torch.no_grad(), preserve_rng(self.device):
                 self._with_events(self._do_validate, 'validate', CancelValidateException)
@@ -329,6 +423,22 @@ class Learner:
         dl = dl if dl is not None else self.valid_dl
         if dl is None: raise ValueError('no validation data: pass valid_dl= to Learner, or dl= here')
         return dl
+
+    # ---- checkpoints (nbtrainer.checkpoint) ----
+    def save(self, path):
+        "Write the whole training state to `path`, atomically; see `nbtrainer.checkpoint`."
+        from nbtrainer.checkpoint import save_checkpoint
+        return save_checkpoint(self, path)
+
+    def load(self, path, weights_only=False):
+        "Load a checkpoint from `save`: the whole training state, or only the model weights."
+        from nbtrainer.checkpoint import load_checkpoint
+        return load_checkpoint(self, path, weights_only=weights_only)
+
+    def load_best(self):
+        "Load the weights of the best checkpoint kept by this Learner's `Checkpointer`."
+        from nbtrainer.checkpoint import load_best
+        return load_best(self)
 
     def validate(self, dl=None):
         "Evaluate on `dl` (default: `valid_dl`) and return {metric name: value}, `valid_loss` included."
@@ -363,15 +473,17 @@ def _as_float(v):
 
 def _metric_name(m): return getattr(m, 'name', None) or type(m).__name__.lower()
 
-# %% ../nbs/00_core.ipynb #fc9b198c
+# %% ../nbs/00_core.ipynb #7258553f
 class Recorder(Callback):
     "Keeps the loss of every training batch and one history row per evaluation, with no sync per step."
     order = -10  # before displays, which read it
     flush_every = 256
 
+    columns = ('epoch', 'batch', 'step', 'lr', 'loss')
+
     def __init__(self, beta=0.98):
         self.beta = beta
-        self.history, self.train_losses = [], []
+        self.history, self.batches = [], {c: [] for c in self.columns}
         self._ema, self._n_seen = 0.0, 0
         self._queue, self._since_row = [], [0.0, 0]
 
@@ -381,7 +493,8 @@ class Recorder(Callback):
     def after_loss(self):
         learn = self.learn
         if learn.training:
-            self._queue.append((learn.loss.detach(), learn.bs, learn.epoch, learn.step))
+            self._queue.append((learn.loss.detach(), learn.bs, learn.epoch, learn.iter, learn.step,
+                                learn.opt.param_groups[0]['lr']))
             if len(self._queue) >= self.flush_every: self.flush()
 
     def after_train(self): self.flush()
@@ -392,17 +505,22 @@ class Recorder(Callback):
         queue, self._queue = self._queue, []
         values = torch.stack([q[0] for q in queue]).float().tolist()
         bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
-        for value, (_, n, _, _) in zip(values[:bad], queue):
+        for value, (_, n, epoch, batch, step, lr) in zip(values[:bad], queue):
             self._n_seen += 1
             self._ema = self.beta * self._ema + (1 - self.beta) * value
             self._since_row[0] += value * n
             self._since_row[1] += n
-        self.train_losses.extend(values[:bad])
+            for column, v in zip(self.columns, (epoch, batch, step, lr, value)): self.batches[column].append(v)
         if bad is not None:
-            _, _, epoch, step = queue[bad]
+            _, _, epoch, _, step, _ = queue[bad]
             raise NonFiniteLossError(f'the training loss became {values[bad]} at epoch {epoch}, step {step}: '
                                      'training stopped. Try a lower lr, check the inputs, or pass '
                                      'skip_nonfinite=True to skip such batches.')
+
+    @property
+    def train_losses(self):
+        "The loss of every training batch so far (without reading the queue)."
+        return self.batches['loss']
 
     @property
     def smooth_loss(self):
@@ -416,17 +534,21 @@ class Recorder(Callback):
         total, n = self._since_row
         self._since_row = [0.0, 0]
         learn = self.learn
-        self.history.append({'epoch': learn.epoch, 'step': learn.step, 'train_loss': total / n if n else math.nan,
-                             **learn.metric_values, 'lr': learn.opt.param_groups[0]['lr'],
-                             'time': time.perf_counter() - self._start})
+        row = {'epoch': learn.epoch, 'step': learn.step, 'train_loss': total / n if n else math.nan,
+               **learn.metric_values, 'lr': learn.opt.param_groups[0]['lr']}
+        if getattr(learn, 'grad_norm', None) is not None: row['grad_norm'] = float(learn.grad_norm)  # clipping's
+        self.history.append({**row, 'time': time.perf_counter() - self._start})
 
     def state_dict(self):
-        return {'history': [dict(r) for r in self.history], 'train_losses': list(self.train_losses),
+        self.flush()
+        return {'history': [dict(r) for r in self.history], 'batches': {c: list(v) for c, v in self.batches.items()},
                 'ema': self._ema, 'n_seen': self._n_seen, 'since_row': list(self._since_row)}
 
     def load_state_dict(self, state):
-        self.history, self.train_losses = [dict(r) for r in state['history']], list(state['train_losses'])
-        self._ema, self._n_seen, self._since_row = state['ema'], state['n_seen'], list(state['since_row'])
+        self.history = [dict(r) for r in state['history']]
+        self.batches = {c: list(v) for c, v in state['batches'].items()}
+        self._queue, self._ema, self._n_seen = [], state['ema'], state['n_seen']
+        self._since_row = list(state['since_row'])
 
     def to_csv(self, path):
         "Write `history` as a CSV file, one row per evaluation."
@@ -442,7 +564,7 @@ class Recorder(Callback):
         from nbtrainer.plotting import plot_history  # lazy: core never imports matplotlib
         return plot_history(self, path)
 
-# %% ../nbs/00_core.ipynb #689de36b
+# %% ../nbs/00_core.ipynb #eb1a01a9
 class SkipNonFinite(Callback):
     "Skip training batches whose loss is NaN or inf (syncs once per step: opt-in)."
     order = -20  # before the Recorder queues the loss

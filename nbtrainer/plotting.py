@@ -7,10 +7,10 @@ Docs: https://nbtrainer.github.io/nbtrainer/plotting.html.md"""
 # %% auto #0
 __all__ = ['show_figures_inline', 'plot_history']
 
-# %% ../nbs/03_plotting.ipynb #eab0611e
+# %% ../nbs/03_plotting.ipynb #907370be
 import io, math, sys
 
-# %% ../nbs/03_plotting.ipynb #8166e96d
+# %% ../nbs/03_plotting.ipynb #9f116d92
 def _smooth(values, beta=0.98):
     "Debiased exponential moving average, as the Recorder computes it."
     out, avg = [], 0.0

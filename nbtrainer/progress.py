@@ -7,12 +7,12 @@ Docs: https://nbtrainer.github.io/nbtrainer/progress.html.md"""
 # %% auto #0
 __all__ = ['format_row', 'format_header', 'ProgressCallback']
 
-# %% ../nbs/02_progress.ipynb #c3810157
+# %% ../nbs/02_progress.ipynb #ef625c3f
 import math, time
 
 from .core import Callback
 
-# %% ../nbs/02_progress.ipynb #8d9544db
+# %% ../nbs/02_progress.ipynb #919deed4
 def format_row(row, keys=None):
     "One history row as aligned text: numbers to 4 significant digits, time as seconds."
     keys = keys or list(row)
@@ -25,7 +25,7 @@ def format_row(row, keys=None):
 
 def format_header(keys): return ' '.join(f'{k:>{max(len(k), 10)}}' for k in keys)
 
-# %% ../nbs/02_progress.ipynb #6ecf60eb
+# %% ../nbs/02_progress.ipynb #0c7abaab
 class ProgressCallback(Callback):
     "Epoch and batch bars with the smoothed loss; prints each history row as the fit goes."
     order = 50  # after the Recorder and metric callbacks
@@ -43,7 +43,7 @@ class ProgressCallback(Callback):
         self._header_done = False
         n_batches = len(learn.train_dl) if hasattr(learn.train_dl, '__len__') else None
         epochs = learn.n_epochs or (math.ceil(learn.n_steps / n_batches) if learn.n_steps and n_batches else None)
-        self.epoch_bar = self._bar(total=epochs, desc='epoch', unit='epoch', position=0)
+        self.epoch_bar = self._bar(total=epochs, initial=learn.epoch - learn.fit_start[0], desc='epoch', unit='epoch', position=0)
 
     def before_train(self):
         learn = self.learn

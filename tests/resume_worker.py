@@ -1,0 +1,39 @@
+"""A training run for tests/test_resume.py: shuffled data, dropout, Adam, checkpoints every 2 steps.
+
+    python resume_worker.py FOLDER [--resume] [--slow]
+
+Writes FOLDER/final.pt (weights, history without times, per-batch losses) when the fit completes.
+"""
+import sys, time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from nbtrainer.checkpoint import Checkpointer
+from nbtrainer.core import Callback, Learner
+
+
+class Slow(Callback):
+    "Give a test time to kill the process mid-run; sleeping consumes no randomness."
+    def after_batch(self): time.sleep(0.05)
+
+
+def main(folder, resume=False, slow=False):
+    folder = Path(folder)
+    g = torch.Generator().manual_seed(1)
+    ds = TensorDataset(torch.randn(200, 8, generator=g), torch.randint(0, 3, (200,), generator=g))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 3))
+    train = DataLoader(ds, batch_size=16, shuffle=True)  # order drawn from the global generator each epoch
+    cbs = [Checkpointer(folder / 'checkpoints', every_steps=2, keep_last=2)] + ([Slow()] if slow else [])
+    learn = Learner(model, train, DataLoader(ds, batch_size=64), lr=1e-2, metrics=('accuracy',), cbs=cbs, progress=False)
+    learn.fit(4, eval_every=5, resume=resume)
+    history = [{k: v for k, v in row.items() if k != 'time'} for row in learn.recorder.history]
+    torch.save({'model': learn.model.state_dict(), 'history': history, 'losses': learn.recorder.train_losses,
+                'step': learn.step}, folder / 'final.pt')
+
+
+if __name__ == '__main__':
+    main(sys.argv[1], resume='--resume' in sys.argv, slow='--slow' in sys.argv)
