@@ -21,8 +21,14 @@ def child(mode, steps):
     model = ov.make_model()
     if mode == 'hand':
         ov.hand_written_epoch(model, torch.optim.Adam(model.parameters(), lr=1e-3), train, valid)
-    else:
-        Learner(model, train, valid, opt_func=torch.optim.Adam, lr=1e-3, metrics=('accuracy',), progress=False).fit(1)
+        return
+    learn = Learner(model, train, valid, opt_func=torch.optim.Adam, lr=1e-3, metrics=('accuracy',), progress=False)
+    if mode == 'logging':  # CSV, TensorBoard and a checkpoint at the epoch's end
+        from nbtrainer.checkpoint import Checkpointer
+        from nbtrainer.loggers import CSVLogger, TensorBoardLogger
+        out = tempfile.mkdtemp()
+        learn.add_cbs([CSVLogger(f'{out}/log.csv'), TensorBoardLogger(f'{out}/tb'), Checkpointer(f'{out}/ckpt', keep_best=0)])
+    learn.fit(1)
 
 
 def count(mode, steps):
@@ -44,10 +50,11 @@ def main():
     args = parser.parse_args()
     if args.child: return child(args.child[0], int(args.child[1]))
     per_step = {}
-    for mode in ('hand', 'learner'):
+    for mode in ('hand', 'learner', 'logging'):
         per_step[mode] = (count(mode, args.long) - count(mode, args.short)) / (args.long - args.short)
         print(f'  {mode:<8} {per_step[mode] / 1e6:8.3f} M instructions per step (validation included)')
     print(f'  learn.fit / hand-written: {per_step["learner"] / per_step["hand"]:.4f}x instructions per step')
+    print(f'  with CSV + TensorBoard + checkpoint / hand-written: {per_step["logging"] / per_step["hand"]:.4f}x')
 
 
 if __name__ == '__main__':

@@ -7,13 +7,13 @@ Docs: https://nbtrainer.github.io/nbtrainer/loggers.html.md"""
 # %% auto #0
 __all__ = ['CSVLogger', 'TensorBoardLogger']
 
-# %% ../nbs/06_loggers.ipynb #a5a72be8
+# %% ../nbs/06_loggers.ipynb #56477531
 import csv, os, time, warnings
 from pathlib import Path
 
 from .core import Callback, Recorder, _metric_name
 
-# %% ../nbs/06_loggers.ipynb #e51f4013
+# %% ../nbs/06_loggers.ipynb #09571361
 class CSVLogger(Callback):
     "Log every training batch to a CSV file, with each evaluation's metrics on the row of the batch it followed."
     order = 10  # after the Recorder, which it reads
@@ -101,13 +101,14 @@ class CSVLogger(Callback):
 
 def _batch_row(batches, i): return {c: batches[c][i] for c in Recorder.columns}
 
-# %% ../nbs/06_loggers.ipynb #b5423513
+# %% ../nbs/06_loggers.ipynb #a6d2f24e
 class TensorBoardLogger(Callback):
-    "Write the loss and lr of every training batch, and each evaluation's metrics, as TensorBoard scalars."
+    "Write the mean loss and the lr every `log_every` training batches, and each evaluation's metrics, to TensorBoard."
     order = 10  # after the Recorder, which it reads
 
-    def __init__(self, log_dir='runs/tensorboard', run_name=None, hparams=None):
-        self.log_dir, self.run_name, self.hparams = Path(log_dir), run_name, dict(hparams or {})
+    def __init__(self, log_dir='runs/tensorboard', run_name=None, hparams=None, log_every=10):
+        if not (isinstance(log_every, int) and log_every > 0): raise ValueError(f'log_every must be an int > 0, got {log_every!r}')
+        self.log_dir, self.run_name, self.hparams, self.log_every = Path(log_dir), run_name, dict(hparams or {}), log_every
         self.run_dir, self.writers = None, {}
         self._logged, self._purge_steps = None, {}
 
@@ -140,15 +141,20 @@ class TensorBoardLogger(Callback):
         hp.update({'epochs': learn.n_epochs} if learn.n_epochs else {'steps': learn.n_steps})
         return {k: v for k, v in hp.items() if v is not None}
 
-    def _write_batches(self):
+    def _write_batches(self, final=False):
+        "Write whole windows of `log_every` batches (and, when `final`, the last partial one)."
         recorder = self.learn.recorder
         recorder.flush()
-        batches, train = recorder.batches, self.writers['train']
-        for i in range(self._logged, len(batches['loss'])):
-            step = batches['step'][i] + 1  # steps done once this batch's step is taken
-            train.add_scalar('loss', batches['loss'][i], step)
-            train.add_scalar('lr', batches['lr'][i], step)
-        self._logged = len(batches['loss'])
+        batches, train, every = recorder.batches, self.writers['train'], self.log_every
+        end = len(batches['loss'])
+        if not final: end = self._logged + (end - self._logged) // every * every
+        for start in range(self._logged, end, every):  # each event costs ~70 us: a point per window, not per batch
+            last = min(start + every, end) - 1
+            losses = batches['loss'][start:last + 1]
+            step = batches['step'][last] + 1  # steps done once this batch's step is taken
+            train.add_scalar('loss', sum(losses) / len(losses), step)
+            train.add_scalar('lr', batches['lr'][last], step)
+        self._logged = end
         for w in self.writers.values(): w.flush()
 
     def after_validate(self):
@@ -162,7 +168,7 @@ class TensorBoardLogger(Callback):
 
     def after_fit(self):
         try:
-            self._write_batches()
+            self._write_batches(final=True)
             history = self.learn.recorder.history
             final = {f'hparam/{k}': v for k, v in _metrics(history[-1] if history else {}).items()}
             hparams = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in self._fit_hparams.items()}
@@ -177,17 +183,19 @@ class TensorBoardLogger(Callback):
 
     def state_dict(self):
         if self.run_dir is None: return {}
-        if self.writers: self._write_batches()
-        history = self.learn.recorder.history
-        # one past the last event the checkpoint knows of: its steps, and its last evaluation
-        return {'run_dir': str(self.run_dir),
-                'purge_steps': {'train': self.learn.step + 1, 'valid': history[-1]['step'] + 1 if history else 0}}
+        if self.writers: self._write_batches()  # whole windows only, so a resumed run keeps the same windows
+        history, batches = self.learn.recorder.history, self.learn.recorder.batches
+        logged = self._logged if self._logged is not None else len(batches['loss'])
+        last_train = batches['step'][logged - 1] + 1 if logged else 0
+        # one past the last event the checkpoint knows of: its last train window, and its last evaluation
+        return {'run_dir': str(self.run_dir), 'logged': logged,
+                'purge_steps': {'train': last_train + 1, 'valid': history[-1]['step'] + 1 if history else 0}}
 
     def load_state_dict(self, state):
         if not state: return
         self._close()
         self.run_dir, self._purge_steps = Path(state['run_dir']), dict(state['purge_steps'])
-        self._logged = None  # state_dict() wrote every batch the restored Recorder holds
+        self._logged = state['logged']  # batches of the restored Recorder already written
 
 def _metrics(row):
     "The losses and metrics of a history row: its numbers, less the counters, lr and time."
