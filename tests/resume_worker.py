@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from nbtrainer.checkpoint import Checkpointer
 from nbtrainer.core import Callback, Learner
+from nbtrainer.loggers import CSVLogger, TensorBoardLogger
 
 
 class Slow(Callback):
@@ -27,7 +28,8 @@ def main(folder, resume=False, slow=False):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 3))
     train = DataLoader(ds, batch_size=16, shuffle=True)  # order drawn from the global generator each epoch
-    cbs = [Checkpointer(folder / 'checkpoints', every_steps=2, keep_last=2)] + ([Slow()] if slow else [])
+    cbs = [Checkpointer(folder / 'checkpoints', every_steps=2, keep_last=2), CSVLogger(folder / 'log.csv'),
+           TensorBoardLogger(folder / 'tb', run_name='run', log_every=3)] + ([Slow()] if slow else [])
     learn = Learner(model, train, DataLoader(ds, batch_size=64), lr=1e-2, metrics=('accuracy',), cbs=cbs, progress=False)
     learn.fit(4, eval_every=5, resume=resume)
     history = [{k: v for k, v in row.items() if k != 'time'} for row in learn.recorder.history]
