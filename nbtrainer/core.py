@@ -10,7 +10,7 @@ __all__ = ['EVENTS', 'CancelFitException', 'CancelEpochException', 'CancelTrainE
            'default_device', 'resolve_device', 'to_device', 'batch_size', 'preserve_rng', 'rng_state', 'set_rng_state',
            'Learner', 'Recorder', 'SkipNonFinite']
 
-# %% ../nbs/00_core.ipynb #1f64c8ee
+# %% ../nbs/00_core.ipynb #09e192de
 import contextlib, itertools, math, random, time
 from collections.abc import Mapping
 
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from .metrics import Mean, get_metric
 
-# %% ../nbs/00_core.ipynb #63cc6181
+# %% ../nbs/00_core.ipynb #23d99bf9
 class CancelFitException(Exception):      "Skip the rest of `fit`."
 class CancelEpochException(Exception):    "Skip the rest of this epoch."
 class CancelTrainException(Exception):    "Skip the rest of this epoch's training phase."
@@ -41,7 +41,7 @@ EVENTS = ('before_fit', 'before_epoch', 'before_train', 'before_batch', 'after_p
           'after_train', 'before_validate', 'after_validate', 'after_epoch', 'after_fit',
           *(f'after_cancel_{s}' for s in _SCOPES))
 
-# %% ../nbs/00_core.ipynb #44275bcf
+# %% ../nbs/00_core.ipynb #a446a397
 class Callback:
     "Base class for callbacks: define methods named after events in `EVENTS`."
     order = 0
@@ -50,7 +50,7 @@ class Callback:
     def state_dict(self): return {}
     def load_state_dict(self, state): pass
 
-# %% ../nbs/00_core.ipynb #1e9d919a
+# %% ../nbs/00_core.ipynb #fc433385
 def _dispatch_table(cbs):
     "Per event, the bound methods of the callbacks that handle it, in `order`."
     ordered = sorted(cbs, key=lambda cb: cb.order)
@@ -61,7 +61,7 @@ def _note(exc, msg):
     "Attach `msg` to the traceback of `exc` (Python 3.11+; a no-op before)."
     getattr(exc, 'add_note', lambda _: None)(msg)
 
-# %% ../nbs/00_core.ipynb #93250cd4
+# %% ../nbs/00_core.ipynb #8c1dc270
 def default_device():
     "CUDA if available, then Apple's MPS, then the CPU."
     if torch.cuda.is_available(): return torch.device('cuda', torch.cuda.current_device())
@@ -93,7 +93,7 @@ def batch_size(b):
         if n: return n
     return 0
 
-# %% ../nbs/00_core.ipynb #92b40650
+# %% ../nbs/00_core.ipynb #bb4e0e60
 @contextlib.contextmanager
 def preserve_rng(device=None):
     "Run a block without consuming the global random streams of torch, `random` and NumPy."
@@ -107,7 +107,7 @@ def preserve_rng(device=None):
         random.setstate(py_state)
         np.random.set_state(np_state)
 
-# %% ../nbs/00_core.ipynb #69bc03a0
+# %% ../nbs/00_core.ipynb #1328b565
 def _loader_generators(dl):
     "The torch.Generators that decide a DataLoader's order: its own and its sampler's, if any."
     found = []
@@ -137,7 +137,7 @@ def set_rng_state(state, dl=None):
     if dl is not None:
         for g, s in zip(_loader_generators(dl), state['loader']): g.set_state(s)
 
-# %% ../nbs/00_core.ipynb #efbdd409
+# %% ../nbs/00_core.ipynb #bbe0c242
 def _training_mechanics(precision='fp32', accumulate=1, clip_grad_norm=None):
     "The callbacks behind the Learner's `precision=`, `accumulate=` and `clip_grad_norm=` arguments."
     if precision not in ('fp32', 'fp16', 'bf16'): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', got {precision!r}")
@@ -155,7 +155,7 @@ def _training_mechanics(precision='fp32', accumulate=1, clip_grad_norm=None):
         cbs.append(GradientClip(clip_grad_norm))
     return cbs
 
-# %% ../nbs/00_core.ipynb #945e0184
+# %% ../nbs/00_core.ipynb #318e4a9f
 class Learner:
     "Train `model` on `train_dl` with `loss_func` and an optimizer from `opt_func`; callbacks see every step."
     target_keys = ('y', 'target', 'targets', 'label', 'labels')
@@ -178,6 +178,7 @@ class Learner:
         self.epoch = self.step = self.batches_done = 0
         self.training, self.fitting, self.epoch_done, self.accumulating = False, False, False, False
         self.metric_values, self._check_next, self._collect, self._resume = {}, False, None, None
+        self.status = {}  # short texts callbacks post for the progress display, e.g. {'data': '12% wait'}
         self.cbs, self._dispatch = [], _dispatch_table([])
         self.recorder = Recorder()
         defaults = [self.recorder]
@@ -440,6 +441,17 @@ class Learner:
         from nbtrainer.checkpoint import load_best
         return load_best(self)
 
+    # ---- offline evaluation and diagnostics (nbtrainer.evaluate, nbtrainer.diagnose) ----
+    def evaluate(self, dl=None, batch_size=None):
+        "A full offline evaluation of `dl` (default: `valid_dl`): an `Evaluation` with predictions, losses, reports."
+        from nbtrainer.evaluate import evaluate
+        return evaluate(self, dl, batch_size=batch_size)
+
+    def profile(self, steps=20, path='runs/trace.json'):
+        "Profile `steps` real training steps with torch.profiler, write a Perfetto/Chrome trace; the state is restored."
+        from nbtrainer.diagnose import profile
+        return profile(self, steps=steps, path=path)
+
     def validate(self, dl=None):
         "Evaluate on `dl` (default: `valid_dl`) and return {metric name: value}, `valid_loss` included."
         return dict(self._run_validate(self._valid_dl(dl)))
@@ -473,7 +485,7 @@ def _as_float(v):
 
 def _metric_name(m): return getattr(m, 'name', None) or type(m).__name__.lower()
 
-# %% ../nbs/00_core.ipynb #7258553f
+# %% ../nbs/00_core.ipynb #82891fd4
 class Recorder(Callback):
     "Keeps the loss of every training batch and one history row per evaluation, with no sync per step."
     order = -10  # before displays, which read it
@@ -564,7 +576,7 @@ class Recorder(Callback):
         from nbtrainer.plotting import plot_history  # lazy: core never imports matplotlib
         return plot_history(self, path)
 
-# %% ../nbs/00_core.ipynb #eb1a01a9
+# %% ../nbs/00_core.ipynb #34a988c9
 class SkipNonFinite(Callback):
     "Skip training batches whose loss is NaN or inf (syncs once per step: opt-in)."
     order = -20  # before the Recorder queues the loss

@@ -7,12 +7,12 @@ Docs: https://nbtrainer.github.io/nbtrainer/progress.html.md"""
 # %% auto #0
 __all__ = ['format_row', 'format_header', 'ProgressCallback']
 
-# %% ../nbs/02_progress.ipynb #ef625c3f
+# %% ../nbs/02_progress.ipynb #f3613a38
 import math, time
 
 from .core import Callback
 
-# %% ../nbs/02_progress.ipynb #919deed4
+# %% ../nbs/02_progress.ipynb #659a2e9f
 def format_row(row, keys=None):
     "One history row as aligned text: numbers to 4 significant digits, time as seconds."
     keys = keys or list(row)
@@ -25,7 +25,7 @@ def format_row(row, keys=None):
 
 def format_header(keys): return ' '.join(f'{k:>{max(len(k), 10)}}' for k in keys)
 
-# %% ../nbs/02_progress.ipynb #0c7abaab
+# %% ../nbs/02_progress.ipynb #ecc11ab4
 class ProgressCallback(Callback):
     "Epoch and batch bars with the smoothed loss; prints each history row as the fit goes."
     order = 50  # after the Recorder and metric callbacks
@@ -66,7 +66,8 @@ class ProgressCallback(Callback):
         self.batch_bar.update(self._pending)
         self._pending = 0
         loss = self.learn.recorder.smooth_loss  # the one sync
-        self.batch_bar.set_postfix_str(f'loss={loss:.4g}', refresh=True)
+        extras = ''.join(f', {k}={v}' for k, v in self.learn.status.items())  # short texts other callbacks post
+        self.batch_bar.set_postfix_str(f'loss={loss:.4g}{extras}', refresh=True)
 
     def after_train(self):
         self._show()
