@@ -10,7 +10,7 @@ __all__ = ['EVENTS', 'CancelFitException', 'CancelEpochException', 'CancelTrainE
            'default_device', 'resolve_device', 'to_device', 'batch_size', 'preserve_rng', 'rng_state', 'set_rng_state',
            'Learner', 'Recorder', 'SkipNonFinite']
 
-# %% ../nbs/00_core.ipynb #09e192de
+# %% ../nbs/00_core.ipynb #afe6f003
 import contextlib, itertools, math, random, time
 from collections.abc import Mapping
 
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from .metrics import Mean, get_metric
 
-# %% ../nbs/00_core.ipynb #23d99bf9
+# %% ../nbs/00_core.ipynb #f389a3b6
 class CancelFitException(Exception):      "Skip the rest of `fit`."
 class CancelEpochException(Exception):    "Skip the rest of this epoch."
 class CancelTrainException(Exception):    "Skip the rest of this epoch's training phase."
@@ -41,7 +41,7 @@ EVENTS = ('before_fit', 'before_epoch', 'before_train', 'before_batch', 'after_p
           'after_train', 'before_validate', 'after_validate', 'after_epoch', 'after_fit',
           *(f'after_cancel_{s}' for s in _SCOPES))
 
-# %% ../nbs/00_core.ipynb #a446a397
+# %% ../nbs/00_core.ipynb #50d11c02
 class Callback:
     "Base class for callbacks: define methods named after events in `EVENTS`."
     order = 0
@@ -50,7 +50,7 @@ class Callback:
     def state_dict(self): return {}
     def load_state_dict(self, state): pass
 
-# %% ../nbs/00_core.ipynb #fc433385
+# %% ../nbs/00_core.ipynb #8c9c653e
 def _dispatch_table(cbs):
     "Per event, the bound methods of the callbacks that handle it, in `order`."
     ordered = sorted(cbs, key=lambda cb: cb.order)
@@ -61,7 +61,7 @@ def _note(exc, msg):
     "Attach `msg` to the traceback of `exc` (Python 3.11+; a no-op before)."
     getattr(exc, 'add_note', lambda _: None)(msg)
 
-# %% ../nbs/00_core.ipynb #8c1dc270
+# %% ../nbs/00_core.ipynb #47f8b071
 def default_device():
     "CUDA if available, then Apple's MPS, then the CPU."
     if torch.cuda.is_available(): return torch.device('cuda', torch.cuda.current_device())
@@ -93,7 +93,7 @@ def batch_size(b):
         if n: return n
     return 0
 
-# %% ../nbs/00_core.ipynb #bb4e0e60
+# %% ../nbs/00_core.ipynb #fd0d843d
 @contextlib.contextmanager
 def preserve_rng(device=None):
     "Run a block without consuming the global random streams of torch, `random` and NumPy."
@@ -107,7 +107,7 @@ def preserve_rng(device=None):
         random.setstate(py_state)
         np.random.set_state(np_state)
 
-# %% ../nbs/00_core.ipynb #1328b565
+# %% ../nbs/00_core.ipynb #5e0c92ac
 def _loader_generators(dl):
     "The torch.Generators that decide a DataLoader's order: its own and its sampler's, if any."
     found = []
@@ -137,7 +137,7 @@ def set_rng_state(state, dl=None):
     if dl is not None:
         for g, s in zip(_loader_generators(dl), state['loader']): g.set_state(s)
 
-# %% ../nbs/00_core.ipynb #bbe0c242
+# %% ../nbs/00_core.ipynb #8f1c4267
 def _training_mechanics(precision='fp32', accumulate=1, clip_grad_norm=None):
     "The callbacks behind the Learner's `precision=`, `accumulate=` and `clip_grad_norm=` arguments."
     if precision not in ('fp32', 'fp16', 'bf16'): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', got {precision!r}")
@@ -155,10 +155,11 @@ def _training_mechanics(precision='fp32', accumulate=1, clip_grad_norm=None):
         cbs.append(GradientClip(clip_grad_norm))
     return cbs
 
-# %% ../nbs/00_core.ipynb #318e4a9f
+# %% ../nbs/00_core.ipynb #56b4779a
 class Learner:
     "Train `model` on `train_dl` with `loss_func` and an optimizer from `opt_func`; callbacks see every step."
     target_keys = ('y', 'target', 'targets', 'label', 'labels')
+    eval_seed = 0  # picks the fixed validation subset of fit(eval_subset=...)
 
     def __init__(self, model, train_dl, valid_dl=None, loss_func=F.cross_entropy, opt_func=torch.optim.AdamW,
                  lr=1e-3, metrics=('accuracy',), cbs=(), device=None, progress=True, skip_nonfinite=False,
@@ -344,8 +345,10 @@ class Learner:
             self._with_events(self._do_epoch, 'epoch', CancelEpochException)
             self.epoch += 1
         if self.eval_every and self.step != self._last_eval_step: self._evaluate()
+        if self._eval_prefix: self._run_validate(self.valid_dl)  # the full validation set, once, at the end
 
-    def fit(self, epochs=None, *, steps=None, eval_every=None, cbs=(), lr=None, reset_opt=False, resume=None):
+    def fit(self, epochs=None, *, steps=None, eval_every=None, eval_subset=None, cbs=(), lr=None, reset_opt=False,
+            resume=None):
         "Train for `epochs` epochs, or `steps` optimizer steps; validate each epoch or every `eval_every` steps."
         if (epochs is None) == (steps is None): raise ValueError('fit needs exactly one of epochs= or steps=')
         for name, v in (('epochs', epochs), ('steps', steps), ('eval_every', eval_every)):
@@ -364,6 +367,10 @@ class Learner:
         self.n_steps = steps or (epochs * n_batches if n_batches else None)  # planned batches (steps if accumulate=1)
         self._end_epoch = self.fit_start[0] + epochs if epochs else math.inf
         self._end_step = self.fit_start[1] + steps if steps else math.inf
+        self._eval_dl, self._eval_prefix = self.valid_dl, ''
+        if eval_subset is not None and self.valid_dl is not None:  # periodic evaluations on a fixed, seeded subset
+            from nbtrainer.evaluate import subset_loader
+            self._eval_dl, self._eval_prefix = subset_loader(self.valid_dl, eval_subset, self.eval_seed), 'subset_'
         self.fitting, stop = True, None
         cbs = self.add_cbs(cbs)
         try:
@@ -387,12 +394,12 @@ class Learner:
     def _evaluate(self):
         "A periodic evaluation during fit: the Recorder takes a history row in `after_validate`."
         self._last_eval_step = self.step
-        self._run_validate(self.valid_dl)
+        self._run_validate(self._eval_dl, prefix=self._eval_prefix)
 
-    def _run_validate(self, dl, collect=None):
+    def _run_validate(self, dl, collect=None, prefix=''):
         saved = self.training, getattr(self, 'dl', None), getattr(self, 'iter', None), self._check_next
         model_mode = self.model.training
-        self.training, self.dl, self.metric_values, self._collect = False, dl, {}, collect
+        self.training, self.dl, self.metric_values, self._collect, self._prefix = False, dl, {}, collect, prefix
         self.model.eval()
         for m in (self.valid_loss, *self.metrics): m.reset()
         if self.fitting: self.rng_outside_validation = rng_state(self.train_dl)  # what a checkpoint saved now keeps
@@ -410,8 +417,8 @@ class Learner:
         for self.iter, batch in enumerate(self.dl if self.dl is not None else ()):
             self._one_batch(batch)
         if self.dl is not None:
-            self.metric_values = {'valid_loss': self.valid_loss.compute(),
-                                  **{_metric_name(m): _as_float(m.compute()) for m in self.metrics}}
+            values = {'valid_loss': self.valid_loss.compute(), **{_metric_name(m): _as_float(m.compute()) for m in self.metrics}}
+            self.metric_values = {self._prefix + k: v for k, v in values.items()}
 
     def _update_metrics(self):
         self.valid_loss.update(self.loss.detach(), self.bs)
@@ -485,7 +492,7 @@ def _as_float(v):
 
 def _metric_name(m): return getattr(m, 'name', None) or type(m).__name__.lower()
 
-# %% ../nbs/00_core.ipynb #82891fd4
+# %% ../nbs/00_core.ipynb #31f83d8d
 class Recorder(Callback):
     "Keeps the loss of every training batch and one history row per evaluation, with no sync per step."
     order = -10  # before displays, which read it
@@ -576,7 +583,7 @@ class Recorder(Callback):
         from nbtrainer.plotting import plot_history  # lazy: core never imports matplotlib
         return plot_history(self, path)
 
-# %% ../nbs/00_core.ipynb #34a988c9
+# %% ../nbs/00_core.ipynb #ee63eb8b
 class SkipNonFinite(Callback):
     "Skip training batches whose loss is NaN or inf (syncs once per step: opt-in)."
     order = -20  # before the Recorder queues the loss
