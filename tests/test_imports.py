@@ -12,7 +12,9 @@ def modules_after(code):
 
 
 def test_core_imports_no_ui():
-    loaded = modules_after('import nbtrainer.core, nbtrainer.metrics, nbtrainer.progress, nbtrainer.plotting')
+    loaded = modules_after('import nbtrainer.core, nbtrainer.metrics, nbtrainer.progress, nbtrainer.plotting, '
+                           'nbtrainer.amp, nbtrainer.gradients, nbtrainer.checkpoint, nbtrainer.loggers, '
+                           'nbtrainer.evaluate, nbtrainer.diagnose, nbtrainer.layers')
     assert not [m for m in HEAVY if m in loaded]
 
 
