@@ -10,7 +10,7 @@ __all__ = ['EVENTS', 'CancelFitException', 'CancelEpochException', 'CancelTrainE
            'default_device', 'resolve_device', 'to_device', 'batch_size', 'preserve_rng', 'rng_state', 'set_rng_state',
            'Learner', 'Recorder', 'SkipNonFinite']
 
-# %% ../nbs/00_core.ipynb #afe6f003
+# %% ../nbs/00_core.ipynb #767af335
 import contextlib, itertools, math, random, time
 from collections.abc import Mapping
 
@@ -18,9 +18,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .metrics import Mean, get_metric
+from .metrics import Mean, example_losses, get_metric
 
-# %% ../nbs/00_core.ipynb #f389a3b6
+# %% ../nbs/00_core.ipynb #74bb32ff
 class CancelFitException(Exception):      "Skip the rest of `fit`."
 class CancelEpochException(Exception):    "Skip the rest of this epoch."
 class CancelTrainException(Exception):    "Skip the rest of this epoch's training phase."
@@ -41,7 +41,7 @@ EVENTS = ('before_fit', 'before_epoch', 'before_train', 'before_batch', 'after_p
           'after_train', 'before_validate', 'after_validate', 'after_epoch', 'after_fit',
           *(f'after_cancel_{s}' for s in _SCOPES))
 
-# %% ../nbs/00_core.ipynb #50d11c02
+# %% ../nbs/00_core.ipynb #088a0f7a
 class Callback:
     "Base class for callbacks: define methods named after events in `EVENTS`."
     order = 0
@@ -50,7 +50,7 @@ class Callback:
     def state_dict(self): return {}
     def load_state_dict(self, state): pass
 
-# %% ../nbs/00_core.ipynb #8c9c653e
+# %% ../nbs/00_core.ipynb #51acaa19
 def _dispatch_table(cbs):
     "Per event, the bound methods of the callbacks that handle it, in `order`."
     ordered = sorted(cbs, key=lambda cb: cb.order)
@@ -61,7 +61,7 @@ def _note(exc, msg):
     "Attach `msg` to the traceback of `exc` (Python 3.11+; a no-op before)."
     getattr(exc, 'add_note', lambda _: None)(msg)
 
-# %% ../nbs/00_core.ipynb #47f8b071
+# %% ../nbs/00_core.ipynb #bc79691e
 def default_device():
     "CUDA if available, then Apple's MPS, then the CPU."
     if torch.cuda.is_available(): return torch.device('cuda', torch.cuda.current_device())
@@ -93,7 +93,7 @@ def batch_size(b):
         if n: return n
     return 0
 
-# %% ../nbs/00_core.ipynb #fd0d843d
+# %% ../nbs/00_core.ipynb #73356122
 @contextlib.contextmanager
 def preserve_rng(device=None):
     "Run a block without consuming the global random streams of torch, `random` and NumPy."
@@ -107,7 +107,7 @@ def preserve_rng(device=None):
         random.setstate(py_state)
         np.random.set_state(np_state)
 
-# %% ../nbs/00_core.ipynb #5e0c92ac
+# %% ../nbs/00_core.ipynb #68ec05a9
 def _loader_generators(dl):
     "The torch.Generators that decide a DataLoader's order: its own and its sampler's, if any."
     found = []
@@ -137,7 +137,7 @@ def set_rng_state(state, dl=None):
     if dl is not None:
         for g, s in zip(_loader_generators(dl), state['loader']): g.set_state(s)
 
-# %% ../nbs/00_core.ipynb #8f1c4267
+# %% ../nbs/00_core.ipynb #bd0cf3bb
 def _training_mechanics(precision='fp32', accumulate=1, clip_grad_norm=None):
     "The callbacks behind the Learner's `precision=`, `accumulate=` and `clip_grad_norm=` arguments."
     if precision not in ('fp32', 'fp16', 'bf16'): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', got {precision!r}")
@@ -155,10 +155,11 @@ def _training_mechanics(precision='fp32', accumulate=1, clip_grad_norm=None):
         cbs.append(GradientClip(clip_grad_norm))
     return cbs
 
-# %% ../nbs/00_core.ipynb #56b4779a
+# %% ../nbs/00_core.ipynb #552f4f4a
 class Learner:
     "Train `model` on `train_dl` with `loss_func` and an optimizer from `opt_func`; callbacks see every step."
     target_keys = ('y', 'target', 'targets', 'label', 'labels')
+    weight_keys = ('weight', 'mask')  # per-example weights in dict batches: 0 marks padding
     eval_seed = 0  # picks the fixed validation subset of fit(eval_subset=...)
 
     def __init__(self, model, train_dl, valid_dl=None, loss_func=F.cross_entropy, opt_func=torch.optim.AdamW,
@@ -253,11 +254,22 @@ class Learner:
             return (tuple(batch), None) if len(batch) == 1 else (tuple(batch[:-1]), batch[-1])
         if isinstance(batch, Mapping):
             key = next((k for k in self.target_keys if k in batch), None)
-            return {k: v for k, v in batch.items() if k != key}, (batch[key] if key is not None else None)
+            inputs = {k: v for k, v in batch.items() if k != key and k not in self.weight_keys}
+            return inputs, (batch[key] if key is not None else None)
         return (batch,), None
 
+    def batch_weights(self, batch):
+        "Per-example weights of a batch (the `weight` or `mask` item of a dict batch), or None."
+        if not isinstance(batch, Mapping): return None
+        key = next((k for k in self.weight_keys if k in batch), None)
+        return None if key is None else batch[key].float()
+
     def predict(self): self.pred = self.model(**self.xb) if isinstance(self.xb, dict) else self.model(*self.xb)
-    def get_loss(self): self.loss = self.loss_func(self.pred) if self.yb is None else self.loss_func(self.pred, self.yb)
+    def get_loss(self):
+        if self.weights is not None:  # padding: the weighted mean of per-example losses, no sync
+            losses = example_losses(self.loss_func, self.pred, self.yb)
+            self.loss = (losses * self.weights).sum() / self.bs.clamp(min=1e-12)  # bs: the weights' sum
+        else: self.loss = self.loss_func(self.pred) if self.yb is None else self.loss_func(self.pred, self.yb)
     def backward(self): self.scaler.scale(self.loss_grad).backward()  # the scaler is a pass-through unless fp16
 
     def opt_step(self):
@@ -279,7 +291,9 @@ class Learner:
     def _one_batch(self, batch):
         self.batch = to_device(batch, self.device)
         self.xb, self.yb = self.split_batch(self.batch)
-        self.bs = batch_size(self.yb if self.yb is not None else self.xb)
+        self.weights = self.batch_weights(self.batch)
+        # examples that count: a device tensor when weighted (summed without a sync), else an int
+        self.bs = batch_size(self.yb if self.yb is not None else self.xb) if self.weights is None else self.weights.sum()
         self._with_events(self._do_batch, 'batch', CancelBatchException)
 
     def _forward(self):
@@ -422,10 +436,14 @@ class Learner:
 
     def _update_metrics(self):
         self.valid_loss.update(self.loss.detach(), self.bs)
-        for m in self.metrics: m.update(self.pred, self.yb)
+        w = self.weights
+        for m in self.metrics:
+            if w is None: m.update(self.pred, self.yb)
+            else: m.update(self.pred, self.yb, weight=w)
         if self._collect is not None:
-            self._collect[0].append(self.pred.detach())
-            if self.yb is not None: self._collect[1].append(self.yb)
+            keep = slice(None) if w is None else w != 0  # padding is not a prediction
+            self._collect[0].append(self.pred.detach()[keep])
+            if self.yb is not None: self._collect[1].append(self.yb[keep])
 
     def _valid_dl(self, dl):
         dl = dl if dl is not None else self.valid_dl
@@ -464,7 +482,7 @@ class Learner:
         return dict(self._run_validate(self._valid_dl(dl)))
 
     def get_preds(self, dl=None):
-        "Predictions and targets for `dl` (default: `valid_dl`), concatenated on the CPU."
+        "Predictions and targets for `dl` (default: `valid_dl`), concatenated on the CPU; padding (weight 0) left out."
         preds, targets = [], []
         self._run_validate(self._valid_dl(dl), collect=(preds, targets))
         return torch.cat(preds).cpu(), (torch.cat(targets).cpu() if targets else None)
@@ -492,7 +510,7 @@ def _as_float(v):
 
 def _metric_name(m): return getattr(m, 'name', None) or type(m).__name__.lower()
 
-# %% ../nbs/00_core.ipynb #31f83d8d
+# %% ../nbs/00_core.ipynb #a4db1d9d
 class Recorder(Callback):
     "Keeps the loss of every training batch and one history row per evaluation, with no sync per step."
     order = -10  # before displays, which read it
@@ -523,6 +541,9 @@ class Recorder(Callback):
         if not self._queue: return
         queue, self._queue = self._queue, []
         values = torch.stack([q[0] for q in queue]).float().tolist()
+        if any(torch.is_tensor(q[1]) for q in queue):  # weighted batches: their example counts are device tensors
+            sizes = torch.stack([torch.as_tensor(q[1], dtype=torch.float32, device=q[0].device) for q in queue]).tolist()
+            queue = [(q[0], n, *q[2:]) for q, n in zip(queue, sizes)]
         bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
         for value, (_, n, epoch, batch, step, lr) in zip(values[:bad], queue):
             self._n_seen += 1
@@ -583,7 +604,7 @@ class Recorder(Callback):
         from nbtrainer.plotting import plot_history  # lazy: core never imports matplotlib
         return plot_history(self, path)
 
-# %% ../nbs/00_core.ipynb #ee63eb8b
+# %% ../nbs/00_core.ipynb #1431e3ea
 class SkipNonFinite(Callback):
     "Skip training batches whose loss is NaN or inf (syncs once per step: opt-in)."
     order = -20  # before the Recorder queues the loss

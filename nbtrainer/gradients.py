@@ -7,12 +7,12 @@ Docs: https://nbtrainer.github.io/nbtrainer/gradients.html.md"""
 # %% auto #0
 __all__ = ['GradientAccumulation', 'GradientClip']
 
-# %% ../nbs/07_gradients.ipynb #5162aed3
+# %% ../nbs/07_gradients.ipynb #240fce08
 import torch
 
 from .core import Callback, CancelBatchException
 
-# %% ../nbs/07_gradients.ipynb #621ba69c
+# %% ../nbs/07_gradients.ipynb #40ca4542
 class GradientAccumulation(Callback):
     "One optimizer step per `n` micro-batches; gradients weighted by each window's example count."
     order = -5  # before clipping (order 10) in before_step
@@ -44,14 +44,16 @@ class GradientAccumulation(Callback):
 
     def before_step(self):
         grads = [p.grad for p in self.learn.model.parameters() if p.grad is not None]
-        if grads and self.examples: torch._foreach_div_(grads, float(self.examples))
+        # examples is an int, or a device tensor when batches carry weights (divided by without a sync)
+        divisor = self.examples.clamp(min=1e-12) if torch.is_tensor(self.examples) else float(max(self.examples, 1))
+        if grads: torch._foreach_div_(grads, divisor)
         self._reset()
 
     def after_train(self):
         if self.batches: self.learn.apply_step()  # a trailing window the loader's length did not announce
         self.learn.accumulating = False
 
-# %% ../nbs/07_gradients.ipynb #9b458762
+# %% ../nbs/07_gradients.ipynb #517b5da8
 class GradientClip(Callback):
     "Clip the global gradient norm to `max_norm` before each step; the norm stays in `learn.grad_norm`."
     order = 10  # after accumulation (-5) has made the gradients whole
