@@ -7,7 +7,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/diagnose.html.md"""
 # %% auto #0
 __all__ = ['REMEDIES', 'DataWaitWarning', 'DataWait', 'DevicePrefetcher', 'profile']
 
-# %% ../nbs/10_diagnose.ipynb #8c38d14f
+# %% ../nbs/10_diagnose.ipynb #846c5f31
 import contextlib, copy, math, time, warnings
 from collections import deque
 from collections.abc import Mapping
@@ -17,7 +17,7 @@ import torch
 
 from .core import Callback, rng_state, set_rng_state, to_device
 
-# %% ../nbs/10_diagnose.ipynb #e4e84349
+# %% ../nbs/10_diagnose.ipynb #c322769c
 class DataWaitWarning(UserWarning):
     "Training spent more than `DataWait.threshold` of its time waiting for the data loader."
 
@@ -44,7 +44,7 @@ class _CudaClock:
     def seconds(self, start, end): return start.elapsed_time(end) / 1000
     def wait_for(self, mark): mark.synchronize()  # elapsed_time needs both events done
 
-# %% ../nbs/10_diagnose.ipynb #a3c5c8d9
+# %% ../nbs/10_diagnose.ipynb #4b71999d
 class DataWait(Callback):
     "Splits each training step into waiting for data and computing; warns once per fit when input-bound."
     order = 100  # last: the other callbacks' per-batch work counts as the step, not as waiting
@@ -98,7 +98,7 @@ class DataWait(Callback):
 
     def after_fit(self): self.learn.status.pop('data wait', None)  # the figure belongs to this callback's fits
 
-# %% ../nbs/10_diagnose.ipynb #cd5fe09e
+# %% ../nbs/10_diagnose.ipynb #1c87da61
 def _map_tensors(f, batch):
     "Apply `f` to every tensor in a nest of tuples, lists and dicts."
     if isinstance(batch, torch.Tensor): return f(batch)
@@ -151,7 +151,7 @@ class DevicePrefetcher:
 class _SizedDevicePrefetcher(DevicePrefetcher):
     def __len__(self): return len(self.loader)
 
-# %% ../nbs/10_diagnose.ipynb #f6efeb06
+# %% ../nbs/10_diagnose.ipynb #41c1dddb
 _SIDE_EFFECT_MODULES = ('nbtrainer.progress', 'nbtrainer.plotting', 'nbtrainer.loggers', 'nbtrainer.checkpoint',
                         'nbtrainer.diagnose')  # displays and writers; DataWait would restart its window
 
@@ -161,31 +161,13 @@ class _StepProfiler(Callback):
     def after_batch(self):
         if self.learn.training: self.prof.step()
 
-def _snapshot(learn):
-    "Everything a fit can change, by value."
-    return {'attrs': {**vars(learn), 'cbs': list(learn.cbs), 'status': dict(learn.status)},
-            'model': copy.deepcopy(learn.model.state_dict()),
-            'grads': [None if p.grad is None else p.grad.clone() for p in learn.model.parameters()],
-            'opt': copy.deepcopy(learn.opt.state_dict()), 'scaler': copy.deepcopy(learn.scaler.state_dict()),
-            'cbs': [copy.deepcopy(cb.state_dict()) for cb in learn.cbs], 'rng': rng_state(learn.train_dl)}
-
-def _restore(learn, saved):
-    vars(learn).clear()
-    vars(learn).update(saved['attrs'])  # counters, plans, flags, the callback list and its dispatch table
-    learn.model.load_state_dict(saved['model'])
-    for p, g in zip(learn.model.parameters(), saved['grads']): p.grad = g
-    learn.opt.load_state_dict(saved['opt'])
-    if saved['scaler']: learn.scaler.load_state_dict(saved['scaler'])
-    for cb, state in zip(learn.cbs, saved['cbs']): cb.load_state_dict(state)
-    set_rng_state(saved['rng'], learn.train_dl)
-
 def profile(learn, steps=20, path='runs/trace.json', warmup=2):
     "Profile `steps` real training steps after `warmup` ones; write a Chrome/Perfetto trace to `path`. State is restored."
     from torch.profiler import ProfilerActivity, schedule
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if learn.device.type == 'cuda' else [])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    saved = _snapshot(learn)
+    saved = learn.snapshot()
     try:
         learn.remove_cbs([cb for cb in learn.cbs if type(cb).__module__ in _SIDE_EFFECT_MODULES])
         learn.valid_dl = None  # the profile is about training steps
@@ -193,7 +175,7 @@ def profile(learn, steps=20, path='runs/trace.json', warmup=2):
                                     schedule=schedule(wait=0, warmup=warmup, active=steps, repeat=1)) as prof:
             learn.fit(steps=warmup + steps, cbs=[_StepProfiler(prof)])
     finally:
-        _restore(learn, saved)
+        learn.restore(saved)
     prof.export_chrome_trace(str(path))
     print(prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=15))
     return prof
