@@ -10,8 +10,8 @@ __all__ = ['EVENTS', 'CancelFitException', 'CancelEpochException', 'CancelTrainE
            'default_device', 'resolve_device', 'to_device', 'batch_size', 'preserve_rng', 'rng_state', 'set_rng_state',
            'Learner', 'Recorder', 'SkipNonFinite']
 
-# %% ../nbs/00_core.ipynb #a6d27072
-import contextlib, copy, itertools, math, random, time
+# %% ../nbs/00_core.ipynb #df6b7cdf
+import contextlib, copy, math, random, time
 from collections.abc import Mapping
 
 import numpy as np
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from .metrics import Mean, example_losses, get_metric
 
-# %% ../nbs/00_core.ipynb #ba03baa4
+# %% ../nbs/00_core.ipynb #d37d42e6
 class CancelFitException(Exception):      "Skip the rest of `fit`."
 class CancelEpochException(Exception):    "Skip the rest of this epoch."
 class CancelTrainException(Exception):    "Skip the rest of this epoch's training phase."
@@ -41,7 +41,7 @@ EVENTS = ('before_fit', 'before_epoch', 'before_train', 'before_batch', 'after_p
           'after_train', 'before_validate', 'after_validate', 'after_epoch', 'after_fit',
           *(f'after_cancel_{s}' for s in _SCOPES))
 
-# %% ../nbs/00_core.ipynb #df709807
+# %% ../nbs/00_core.ipynb #bfc9db71
 class Callback:
     "Base class for callbacks: define methods named after events in `EVENTS`."
     order = 0
@@ -50,7 +50,7 @@ class Callback:
     def state_dict(self): return {}
     def load_state_dict(self, state): pass
 
-# %% ../nbs/00_core.ipynb #636f2592
+# %% ../nbs/00_core.ipynb #867bf253
 def _dispatch_table(cbs):
     "Per event, the bound methods of the callbacks that handle it, in `order`."
     ordered = sorted(cbs, key=lambda cb: cb.order)
@@ -61,7 +61,7 @@ def _note(exc, msg):
     "Attach `msg` to the traceback of `exc` (Python 3.11+; a no-op before)."
     getattr(exc, 'add_note', lambda _: None)(msg)
 
-# %% ../nbs/00_core.ipynb #e68e0813
+# %% ../nbs/00_core.ipynb #76a1a3e0
 def default_device():
     "CUDA if available, then Apple's MPS, then the CPU."
     if torch.cuda.is_available(): return torch.device('cuda', torch.cuda.current_device())
@@ -93,7 +93,7 @@ def batch_size(b):
         if n: return n
     return 0
 
-# %% ../nbs/00_core.ipynb #4f4eb890
+# %% ../nbs/00_core.ipynb #d4a90b3d
 @contextlib.contextmanager
 def preserve_rng(device=None):
     "Run a block without consuming the global random streams of torch, `random` and NumPy."
@@ -107,7 +107,7 @@ def preserve_rng(device=None):
         random.setstate(py_state)
         np.random.set_state(np_state)
 
-# %% ../nbs/00_core.ipynb #8eda6ded
+# %% ../nbs/00_core.ipynb #099ba567
 def _loader_generators(dl):
     "The torch.Generators that decide a DataLoader's order: its own and its sampler's, if any."
     found = []
@@ -137,7 +137,7 @@ def set_rng_state(state, dl=None):
     if dl is not None:
         for g, s in zip(_loader_generators(dl), state['loader']): g.set_state(s)
 
-# %% ../nbs/00_core.ipynb #b289f500
+# %% ../nbs/00_core.ipynb #95960926
 def _training_mechanics(precision='fp32', accumulate=1, clip_grad_norm=None):
     "The callbacks behind the Learner's `precision=`, `accumulate=` and `clip_grad_norm=` arguments."
     if precision not in ('fp32', 'fp16', 'bf16'): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', got {precision!r}")
@@ -155,7 +155,7 @@ def _training_mechanics(precision='fp32', accumulate=1, clip_grad_norm=None):
         cbs.append(GradientClip(clip_grad_norm))
     return cbs
 
-# %% ../nbs/00_core.ipynb #59149f04
+# %% ../nbs/00_core.ipynb #99627bd8
 class Learner:
     "Train `model` on `train_dl` with `loss_func` and an optimizer from `opt_func`; callbacks see every step."
     target_keys = ('y', 'target', 'targets', 'label', 'labels')
@@ -530,7 +530,7 @@ def _as_float(v):
 
 def _metric_name(m): return getattr(m, 'name', None) or type(m).__name__.lower()
 
-# %% ../nbs/00_core.ipynb #3a8a73c2
+# %% ../nbs/00_core.ipynb #adb7834a
 class Recorder(Callback):
     "Keeps the loss of every training batch and one history row per evaluation, with no sync per step."
     order = -10  # before displays, which read it
@@ -624,7 +624,7 @@ class Recorder(Callback):
         from nbtrainer.plotting import plot_history  # lazy: core never imports matplotlib
         return plot_history(self, path)
 
-# %% ../nbs/00_core.ipynb #801cf432
+# %% ../nbs/00_core.ipynb #d2e9a446
 class SkipNonFinite(Callback):
     "Skip training batches whose loss is NaN or inf (syncs once per step: opt-in)."
     order = -20  # before the Recorder queues the loss

@@ -7,17 +7,17 @@ Docs: https://nbtrainer.github.io/nbtrainer/diagnose.html.md"""
 # %% auto #0
 __all__ = ['REMEDIES', 'DataWaitWarning', 'DataWait', 'DevicePrefetcher', 'profile']
 
-# %% ../nbs/10_diagnose.ipynb #846c5f31
-import contextlib, copy, math, time, warnings
+# %% ../nbs/10_diagnose.ipynb #e690c43f
+import math, time, warnings
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
-from .core import Callback, rng_state, set_rng_state, to_device
+from .core import Callback, to_device
 
-# %% ../nbs/10_diagnose.ipynb #c322769c
+# %% ../nbs/10_diagnose.ipynb #fe2f5660
 class DataWaitWarning(UserWarning):
     "Training spent more than `DataWait.threshold` of its time waiting for the data loader."
 
@@ -44,7 +44,7 @@ class _CudaClock:
     def seconds(self, start, end): return start.elapsed_time(end) / 1000
     def wait_for(self, mark): mark.synchronize()  # elapsed_time needs both events done
 
-# %% ../nbs/10_diagnose.ipynb #4b71999d
+# %% ../nbs/10_diagnose.ipynb #7402c418
 class DataWait(Callback):
     "Splits each training step into waiting for data and computing; warns once per fit when input-bound."
     order = 100  # last: the other callbacks' per-batch work counts as the step, not as waiting
@@ -98,7 +98,7 @@ class DataWait(Callback):
 
     def after_fit(self): self.learn.status.pop('data wait', None)  # the figure belongs to this callback's fits
 
-# %% ../nbs/10_diagnose.ipynb #1c87da61
+# %% ../nbs/10_diagnose.ipynb #882dd3e1
 def _map_tensors(f, batch):
     "Apply `f` to every tensor in a nest of tuples, lists and dicts."
     if isinstance(batch, torch.Tensor): return f(batch)
@@ -151,7 +151,7 @@ class DevicePrefetcher:
 class _SizedDevicePrefetcher(DevicePrefetcher):
     def __len__(self): return len(self.loader)
 
-# %% ../nbs/10_diagnose.ipynb #41c1dddb
+# %% ../nbs/10_diagnose.ipynb #54c058f1
 _SIDE_EFFECT_MODULES = ('nbtrainer.progress', 'nbtrainer.plotting', 'nbtrainer.loggers', 'nbtrainer.checkpoint',
                         'nbtrainer.diagnose')  # displays and writers; DataWait would restart its window
 
