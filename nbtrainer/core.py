@@ -10,7 +10,7 @@ __all__ = ['EVENTS', 'CancelFitException', 'CancelEpochException', 'CancelTrainE
            'default_device', 'resolve_device', 'to_device', 'batch_size', 'preserve_rng', 'rng_state', 'set_rng_state',
            'Learner', 'Recorder', 'SkipNonFinite']
 
-# %% ../nbs/00_core.ipynb #df6b7cdf
+# %% ../nbs/00_core.ipynb #885a37b3
 import contextlib, copy, math, random, time
 from collections.abc import Mapping
 
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from .metrics import Mean, example_losses, get_metric
 
-# %% ../nbs/00_core.ipynb #d37d42e6
+# %% ../nbs/00_core.ipynb #bd1febc0
 class CancelFitException(Exception):      "Skip the rest of `fit`."
 class CancelEpochException(Exception):    "Skip the rest of this epoch."
 class CancelTrainException(Exception):    "Skip the rest of this epoch's training phase."
@@ -41,7 +41,7 @@ EVENTS = ('before_fit', 'before_epoch', 'before_train', 'before_batch', 'after_p
           'after_train', 'before_validate', 'after_validate', 'after_epoch', 'after_fit',
           *(f'after_cancel_{s}' for s in _SCOPES))
 
-# %% ../nbs/00_core.ipynb #bfc9db71
+# %% ../nbs/00_core.ipynb #1a14e05c
 class Callback:
     "Base class for callbacks: define methods named after events in `EVENTS`."
     order = 0
@@ -50,7 +50,7 @@ class Callback:
     def state_dict(self): return {}
     def load_state_dict(self, state): pass
 
-# %% ../nbs/00_core.ipynb #867bf253
+# %% ../nbs/00_core.ipynb #247f27b3
 def _dispatch_table(cbs):
     "Per event, the bound methods of the callbacks that handle it, in `order`."
     ordered = sorted(cbs, key=lambda cb: cb.order)
@@ -61,7 +61,7 @@ def _note(exc, msg):
     "Attach `msg` to the traceback of `exc` (Python 3.11+; a no-op before)."
     getattr(exc, 'add_note', lambda _: None)(msg)
 
-# %% ../nbs/00_core.ipynb #76a1a3e0
+# %% ../nbs/00_core.ipynb #c4d98788
 def default_device():
     "CUDA if available, then Apple's MPS, then the CPU."
     if torch.cuda.is_available(): return torch.device('cuda', torch.cuda.current_device())
@@ -93,7 +93,7 @@ def batch_size(b):
         if n: return n
     return 0
 
-# %% ../nbs/00_core.ipynb #d4a90b3d
+# %% ../nbs/00_core.ipynb #fddf5281
 @contextlib.contextmanager
 def preserve_rng(device=None):
     "Run a block without consuming the global random streams of torch, `random` and NumPy."
@@ -107,7 +107,7 @@ def preserve_rng(device=None):
         random.setstate(py_state)
         np.random.set_state(np_state)
 
-# %% ../nbs/00_core.ipynb #099ba567
+# %% ../nbs/00_core.ipynb #f5841c78
 def _loader_generators(dl):
     "The torch.Generators that decide a DataLoader's order: its own and its sampler's, if any."
     found = []
@@ -137,7 +137,7 @@ def set_rng_state(state, dl=None):
     if dl is not None:
         for g, s in zip(_loader_generators(dl), state['loader']): g.set_state(s)
 
-# %% ../nbs/00_core.ipynb #95960926
+# %% ../nbs/00_core.ipynb #a9de89a1
 def _training_mechanics(precision='fp32', accumulate=1, clip_grad_norm=None):
     "The callbacks behind the Learner's `precision=`, `accumulate=` and `clip_grad_norm=` arguments."
     if precision not in ('fp32', 'fp16', 'bf16'): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', got {precision!r}")
@@ -155,7 +155,7 @@ def _training_mechanics(precision='fp32', accumulate=1, clip_grad_norm=None):
         cbs.append(GradientClip(clip_grad_norm))
     return cbs
 
-# %% ../nbs/00_core.ipynb #99627bd8
+# %% ../nbs/00_core.ipynb #5dba09f9
 class Learner:
     "Train `model` on `train_dl` with `loss_func` and an optimizer from `opt_func`; callbacks see every step."
     target_keys = ('y', 'target', 'targets', 'label', 'labels')
@@ -486,6 +486,17 @@ class Learner:
         from nbtrainer.checkpoint import load_best
         return load_best(self)
 
+    # ---- LR finder and schedules (nbtrainer.lr_finder, nbtrainer.schedule) ----
+    def lr_find(self, start_lr=1e-7, end_lr=10, num_it=100, stop_div=True, show=True):
+        "The exponential LR range test; the training state is restored exactly afterwards. See `nbtrainer.lr_finder`."
+        from nbtrainer.lr_finder import lr_find
+        return lr_find(self, start_lr=start_lr, end_lr=end_lr, num_it=num_it, stop_div=stop_div, show=show)
+
+    def fit_one_cycle(self, epochs=None, lr_max=None, **kwargs):
+        "Fit with the 1cycle policy (warm-up, cosine annealing, momentum cycling). See `nbtrainer.schedule`."
+        from nbtrainer.schedule import fit_one_cycle
+        return fit_one_cycle(self, epochs, lr_max=lr_max, **kwargs)
+
     # ---- offline evaluation and diagnostics (nbtrainer.evaluate, nbtrainer.diagnose) ----
     def evaluate(self, dl=None, batch_size=None):
         "A full offline evaluation of `dl` (default: `valid_dl`): an `Evaluation` with predictions, losses, reports."
@@ -530,7 +541,7 @@ def _as_float(v):
 
 def _metric_name(m): return getattr(m, 'name', None) or type(m).__name__.lower()
 
-# %% ../nbs/00_core.ipynb #adb7834a
+# %% ../nbs/00_core.ipynb #1cfca0e8
 class Recorder(Callback):
     "Keeps the loss of every training batch and one history row per evaluation, with no sync per step."
     order = -10  # before displays, which read it
@@ -624,7 +635,7 @@ class Recorder(Callback):
         from nbtrainer.plotting import plot_history  # lazy: core never imports matplotlib
         return plot_history(self, path)
 
-# %% ../nbs/00_core.ipynb #d2e9a446
+# %% ../nbs/00_core.ipynb #20c80151
 class SkipNonFinite(Callback):
     "Skip training batches whose loss is NaN or inf (syncs once per step: opt-in)."
     order = -20  # before the Recorder queues the loss
