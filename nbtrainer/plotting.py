@@ -7,10 +7,10 @@ Docs: https://nbtrainer.github.io/nbtrainer/plotting.html.md"""
 # %% auto #0
 __all__ = ['show_figures_inline', 'plot_history']
 
-# %% ../nbs/03_plotting.ipynb #907370be
+# %% ../nbs/03_plotting.ipynb #bba14f7b
 import io, math, sys
 
-# %% ../nbs/03_plotting.ipynb #9f116d92
+# %% ../nbs/03_plotting.ipynb #d4cf8e95
 def _smooth(values, beta=0.98):
     "Debiased exponential moving average, as the Recorder computes it."
     out, avg = [], 0.0
@@ -45,7 +45,7 @@ def plot_history(recorder, path=None, fig=None):
     "Draw `recorder`'s loss and metric curves into `fig` (a new figure if None); save a PNG to `path` if given."
     from matplotlib.figure import Figure  # a bare Figure needs no GUI backend: safe in scripts and servers
     show_figures_inline()
-    fig = fig if fig is not None else Figure(figsize=(8, 4), layout='constrained')
+    fig = fig if fig is not None else Figure(figsize=(8, 4))  # no constrained layout: it doubles the render time
     fig.clear()
     ax = fig.add_subplot()
     losses, hist = recorder.train_losses, recorder.history
@@ -67,6 +67,8 @@ def plot_history(recorder, path=None, fig=None):
         ax2.set_ylabel('metric')
         h2, l2 = ax2.get_legend_handles_labels()
         handles, labels = handles + h2, labels + l2
-    if handles: fig.legend(handles, labels, loc='outside lower center', ncol=min(len(handles), 4), fontsize='small')
+    top = fig.axes[-1]  # the metric axis, if any, is drawn over the loss axis: the legend goes on it
+    if handles: top.legend(handles, labels, loc='upper right', fontsize='small', framealpha=0.8)
+    fig.subplots_adjust(left=0.09, right=0.9, bottom=0.13, top=0.95)  # room for both y labels, fixed: cheap
     if path is not None: fig.savefig(path, dpi=100)  # the same PNG Jupyter shows
     return fig
