@@ -7,12 +7,12 @@ Docs: https://nbtrainer.github.io/nbtrainer/gradients.html.md"""
 # %% auto #0
 __all__ = ['GradientAccumulation', 'GradientClip']
 
-# %% ../nbs/07_gradients.ipynb #240fce08
+# %% ../nbs/07_gradients.ipynb #c37a44a9
 import torch
 
 from .core import Callback, CancelBatchException
 
-# %% ../nbs/07_gradients.ipynb #40ca4542
+# %% ../nbs/07_gradients.ipynb #2929463a
 class GradientAccumulation(Callback):
     "One optimizer step per `n` micro-batches; gradients weighted by each window's example count."
     order = -5  # before clipping (order 10) in before_step
@@ -26,11 +26,14 @@ class GradientAccumulation(Callback):
 
     def before_fit(self): self._reset()  # the Learner zeroes gradients when a fit starts
 
+    def before_train(self):
+        dl = self.learn.train_dl
+        self.n_batches = len(dl) if hasattr(dl, '__len__') else None  # once per epoch, not per batch
+
     def before_batch(self):
         learn = self.learn
         if not learn.training: return
-        n_batches = len(learn.dl) if hasattr(learn.dl, '__len__') else None
-        last_of_epoch = n_batches is not None and learn.iter + 1 == n_batches
+        last_of_epoch = self.n_batches is not None and learn.iter + 1 == self.n_batches
         learn.accumulating = not (self.batches + 1 == self.n or last_of_epoch)
 
     def before_backward(self):
@@ -53,7 +56,7 @@ class GradientAccumulation(Callback):
         if self.batches: self.learn.apply_step()  # a trailing window the loader's length did not announce
         self.learn.accumulating = False
 
-# %% ../nbs/07_gradients.ipynb #517b5da8
+# %% ../nbs/07_gradients.ipynb #78833d61
 class GradientClip(Callback):
     "Clip the global gradient norm to `max_norm` before each step; the norm stays in `learn.grad_norm`."
     order = 10  # after accumulation (-5) has made the gradients whole

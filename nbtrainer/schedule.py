@@ -7,12 +7,12 @@ Docs: https://nbtrainer.github.io/nbtrainer/schedule.html.md"""
 # %% auto #0
 __all__ = ['Segment', 'Schedule', 'ParamScheduler', 'one_cycle', 'fit_one_cycle']
 
-# %% ../nbs/12_schedule.ipynb #5a1a1fb6
+# %% ../nbs/12_schedule.ipynb #5f4edd2f
 import math
 
 from .core import Callback
 
-# %% ../nbs/12_schedule.ipynb #7af15f46
+# %% ../nbs/12_schedule.ipynb #2015c872
 _SHAPES = {
     'linear': lambda start, end, t: start + (end - start) * t,
     'cos': lambda start, end, t: start + (end - start) * (1 - math.cos(math.pi * t)) / 2,
@@ -49,7 +49,7 @@ class Segment:
 def _check_exp(start, end):
     if not (start > 0 and end > 0): raise ValueError(f"an 'exp' segment needs start and end > 0, got {start!r} and {end!r}")
 
-# %% ../nbs/12_schedule.ipynb #37443f8e
+# %% ../nbs/12_schedule.ipynb #63fa6602
 class Schedule:
     "Chained `Segment`s: `schedule(step, total_steps)` is the value at optimizer step `step` of a run of `total_steps`."
     def __init__(self, *segments):
@@ -110,7 +110,7 @@ class Schedule:
 
     def __repr__(self): return f'Schedule({", ".join(map(repr, self.segments))})'
 
-# %% ../nbs/12_schedule.ipynb #dbc7f490
+# %% ../nbs/12_schedule.ipynb #1aa2ae2b
 def _is_accumulation(cb): return any(c.__name__ == 'GradientAccumulation' for c in type(cb).__mro__)
 
 def _fit_total(learn):
@@ -147,6 +147,7 @@ class ParamScheduler(Callback):
 
     def before_fit(self):
         learn = self.learn
+        self._written = None  # (step, base lr) the groups were last set for
         for name in self.schedules:
             for group in learn.opt.param_groups:
                 if _group_key(name, group) is None:
@@ -159,7 +160,8 @@ class ParamScheduler(Callback):
 
     def before_batch(self):
         learn = self.learn
-        if not learn.training: return
+        if not learn.training or (learn.step, learn.lr) == self._written: return  # same step (micro-batches), same base lr
+        self._written = (learn.step, learn.lr)
         pos = min(learn.step - learn.fit_start[1], self.total - 1)
         for name, schedule in self.schedules.items():
             value = schedule(pos, self.total)
@@ -171,7 +173,7 @@ class ParamScheduler(Callback):
             group.update(before)
             if 'lr' in before: group['lr'] = self.learn.lr
 
-# %% ../nbs/12_schedule.ipynb #4b07e574
+# %% ../nbs/12_schedule.ipynb #b7599c3c
 def one_cycle(pct_start=0.25, div=25.0, div_final=1e5, moms=(0.95, 0.85, 0.95)):
     "The 1cycle schedules: `{'lr': ..., 'momentum': ...}` (no momentum if `moms` is None); `lr` multiplies `learn.lr`."
     if not (isinstance(pct_start, float) and 0 < pct_start < 1): raise ValueError(f'pct_start must be a float between 0 and 1, got {pct_start!r}')
