@@ -10,7 +10,7 @@ __all__ = ['EVENTS', 'CancelFitException', 'CancelEpochException', 'CancelTrainE
            'default_device', 'resolve_device', 'to_device', 'batch_size', 'preserve_rng', 'rng_state', 'set_rng_state',
            'Learner', 'Recorder', 'SkipNonFinite']
 
-# %% ../nbs/00_core.ipynb #885a37b3
+# %% ../nbs/00_core.ipynb #8d27b10a
 import contextlib, copy, math, random, time
 from collections.abc import Mapping
 
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from .metrics import Mean, example_losses, get_metric
 
-# %% ../nbs/00_core.ipynb #bd1febc0
+# %% ../nbs/00_core.ipynb #35ce4ef5
 class CancelFitException(Exception):      "Skip the rest of `fit`."
 class CancelEpochException(Exception):    "Skip the rest of this epoch."
 class CancelTrainException(Exception):    "Skip the rest of this epoch's training phase."
@@ -41,7 +41,7 @@ EVENTS = ('before_fit', 'before_epoch', 'before_train', 'before_batch', 'after_p
           'after_train', 'before_validate', 'after_validate', 'after_epoch', 'after_fit',
           *(f'after_cancel_{s}' for s in _SCOPES))
 
-# %% ../nbs/00_core.ipynb #1a14e05c
+# %% ../nbs/00_core.ipynb #cfde5cfd
 class Callback:
     "Base class for callbacks: define methods named after events in `EVENTS`."
     order = 0
@@ -50,7 +50,7 @@ class Callback:
     def state_dict(self): return {}
     def load_state_dict(self, state): pass
 
-# %% ../nbs/00_core.ipynb #247f27b3
+# %% ../nbs/00_core.ipynb #053ef3b2
 def _dispatch_table(cbs):
     "Per event, the bound methods of the callbacks that handle it, in `order`."
     ordered = sorted(cbs, key=lambda cb: cb.order)
@@ -61,7 +61,7 @@ def _note(exc, msg):
     "Attach `msg` to the traceback of `exc` (Python 3.11+; a no-op before)."
     getattr(exc, 'add_note', lambda _: None)(msg)
 
-# %% ../nbs/00_core.ipynb #c4d98788
+# %% ../nbs/00_core.ipynb #47cf8371
 def default_device():
     "CUDA if available, then Apple's MPS, then the CPU."
     if torch.cuda.is_available(): return torch.device('cuda', torch.cuda.current_device())
@@ -93,7 +93,7 @@ def batch_size(b):
         if n: return n
     return 0
 
-# %% ../nbs/00_core.ipynb #fddf5281
+# %% ../nbs/00_core.ipynb #50fddc6f
 @contextlib.contextmanager
 def preserve_rng(device=None):
     "Run a block without consuming the global random streams of torch, `random` and NumPy."
@@ -107,7 +107,7 @@ def preserve_rng(device=None):
         random.setstate(py_state)
         np.random.set_state(np_state)
 
-# %% ../nbs/00_core.ipynb #f5841c78
+# %% ../nbs/00_core.ipynb #72cc21d0
 def _loader_generators(dl):
     "The torch.Generators that decide a DataLoader's order: its own and its sampler's, if any."
     found = []
@@ -137,7 +137,7 @@ def set_rng_state(state, dl=None):
     if dl is not None:
         for g, s in zip(_loader_generators(dl), state['loader']): g.set_state(s)
 
-# %% ../nbs/00_core.ipynb #a9de89a1
+# %% ../nbs/00_core.ipynb #3e6ddda3
 def _training_mechanics(precision='fp32', accumulate=1, clip_grad_norm=None):
     "The callbacks behind the Learner's `precision=`, `accumulate=` and `clip_grad_norm=` arguments."
     if precision not in ('fp32', 'fp16', 'bf16'): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', got {precision!r}")
@@ -155,7 +155,7 @@ def _training_mechanics(precision='fp32', accumulate=1, clip_grad_norm=None):
         cbs.append(GradientClip(clip_grad_norm))
     return cbs
 
-# %% ../nbs/00_core.ipynb #5dba09f9
+# %% ../nbs/00_core.ipynb #05eec867
 class Learner:
     "Train `model` on `train_dl` with `loss_func` and an optimizer from `opt_func`; callbacks see every step."
     target_keys = ('y', 'target', 'targets', 'label', 'labels')
@@ -164,7 +164,7 @@ class Learner:
 
     def __init__(self, model, train_dl, valid_dl=None, loss_func=F.cross_entropy, opt_func=torch.optim.AdamW,
                  lr=1e-3, metrics=('accuracy',), cbs=(), device=None, progress=True, skip_nonfinite=False,
-                 precision='fp32', accumulate=1, clip_grad_norm=None, compile=False):
+                 precision='fp32', accumulate=1, clip_grad_norm=None, compile=False, dashboard=True):
         self.device = resolve_device(device)
         self.model = model.to(self.device)
         if compile: self.model = torch.compile(self.model)
@@ -184,9 +184,9 @@ class Learner:
         self.cbs, self._dispatch = [], _dispatch_table([])
         self.recorder = Recorder()
         defaults = [self.recorder]
-        if progress:
-            from nbtrainer.progress import ProgressCallback  # lazy: keeps `import nbtrainer.core` light
-            defaults.append(ProgressCallback())
+        if progress:  # bars in a terminal; in Jupyter the dashboard (bars, table, live figure, controls) unless opted out
+            from nbtrainer.progress import progress_display  # lazy: keeps `import nbtrainer.core` light
+            defaults.append(progress_display(dashboard))
         if skip_nonfinite: defaults.append(SkipNonFinite())
         defaults += _training_mechanics(precision, accumulate, clip_grad_norm)
         self.add_cbs(defaults + list(cbs))
@@ -404,6 +404,11 @@ class Learner:
             self.remove_cbs(cbs)
         if stop is not None: raise stop
 
+    async def fit_async(self, *args, **kwargs):
+        "`fit` run in a worker thread while the caller awaits: Jupyter keeps handling clicks, so the dashboard's controls work."
+        from nbtrainer.control import fit_in_thread  # lazy: see `nbtrainer.control`
+        return await fit_in_thread(self, *args, **kwargs)
+
     # ---- evaluation ----
     def _evaluate(self):
         "A periodic evaluation during fit: the Recorder takes a history row in `after_validate`."
@@ -541,7 +546,7 @@ def _as_float(v):
 
 def _metric_name(m): return getattr(m, 'name', None) or type(m).__name__.lower()
 
-# %% ../nbs/00_core.ipynb #1cfca0e8
+# %% ../nbs/00_core.ipynb #7aea6ddc
 class Recorder(Callback):
     "Keeps the loss of every training batch and one history row per evaluation, with no sync per step."
     order = -10  # before displays, which read it
@@ -635,7 +640,7 @@ class Recorder(Callback):
         from nbtrainer.plotting import plot_history  # lazy: core never imports matplotlib
         return plot_history(self, path)
 
-# %% ../nbs/00_core.ipynb #20c80151
+# %% ../nbs/00_core.ipynb #3dbac25a
 class SkipNonFinite(Callback):
     "Skip training batches whose loss is NaN or inf (syncs once per step: opt-in)."
     order = -20  # before the Recorder queues the loss

@@ -7,7 +7,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/diagnose.html.md"""
 # %% auto #0
 __all__ = ['REMEDIES', 'DataWaitWarning', 'DataWait', 'DevicePrefetcher', 'profile']
 
-# %% ../nbs/10_diagnose.ipynb #e690c43f
+# %% ../nbs/10_diagnose.ipynb #4fd4b345
 import math, time, warnings
 from collections import deque
 from collections.abc import Mapping
@@ -17,7 +17,7 @@ import torch
 
 from .core import Callback, to_device
 
-# %% ../nbs/10_diagnose.ipynb #fe2f5660
+# %% ../nbs/10_diagnose.ipynb #5fd93c4b
 class DataWaitWarning(UserWarning):
     "Training spent more than `DataWait.threshold` of its time waiting for the data loader."
 
@@ -44,7 +44,7 @@ class _CudaClock:
     def seconds(self, start, end): return start.elapsed_time(end) / 1000
     def wait_for(self, mark): mark.synchronize()  # elapsed_time needs both events done
 
-# %% ../nbs/10_diagnose.ipynb #7402c418
+# %% ../nbs/10_diagnose.ipynb #34e99824
 class DataWait(Callback):
     "Splits each training step into waiting for data and computing; warns once per fit when input-bound."
     order = 100  # last: the other callbacks' per-batch work counts as the step, not as waiting
@@ -98,7 +98,7 @@ class DataWait(Callback):
 
     def after_fit(self): self.learn.status.pop('data wait', None)  # the figure belongs to this callback's fits
 
-# %% ../nbs/10_diagnose.ipynb #882dd3e1
+# %% ../nbs/10_diagnose.ipynb #476aed77
 def _map_tensors(f, batch):
     "Apply `f` to every tensor in a nest of tuples, lists and dicts."
     if isinstance(batch, torch.Tensor): return f(batch)
@@ -151,9 +151,10 @@ class DevicePrefetcher:
 class _SizedDevicePrefetcher(DevicePrefetcher):
     def __len__(self): return len(self.loader)
 
-# %% ../nbs/10_diagnose.ipynb #54c058f1
-_SIDE_EFFECT_MODULES = ('nbtrainer.progress', 'nbtrainer.plotting', 'nbtrainer.loggers', 'nbtrainer.checkpoint',
-                        'nbtrainer.diagnose')  # displays and writers; DataWait would restart its window
+# %% ../nbs/10_diagnose.ipynb #6b469bce
+_SIDE_EFFECT_MODULES = ('nbtrainer.progress', 'nbtrainer.plotting', 'nbtrainer.liveplot', 'nbtrainer.dashboard',
+                        'nbtrainer.control', 'nbtrainer.loggers', 'nbtrainer.checkpoint',
+                        'nbtrainer.diagnose')  # displays, controls and writers; DataWait would restart its window
 
 class _StepProfiler(Callback):
     "Advances the profiler's schedule after each training batch."

@@ -7,8 +7,8 @@ Docs: https://nbtrainer.github.io/nbtrainer/lr_finder.html.md"""
 # %% auto #0
 __all__ = ['LRFinder', 'Suggestions', 'suggest_lrs', 'LRFinderResult', 'lr_find']
 
-# %% ../nbs/13_lr_finder.ipynb #6f38a171
-import math, sys
+# %% ../nbs/13_lr_finder.ipynb #ec6ab39b
+import math
 from collections import namedtuple
 from typing import NamedTuple
 
@@ -16,8 +16,9 @@ import numpy as np
 
 from .core import Callback, CancelFitException
 from .diagnose import _SIDE_EFFECT_MODULES
+from .progress import in_jupyter
 
-# %% ../nbs/13_lr_finder.ipynb #c1b9508c
+# %% ../nbs/13_lr_finder.ipynb #d5cc9402
 class LRFinder(Callback):
     "Raise every param group's lr exponentially from `start_lr` to `end_lr` over `num_it` optimizer steps; record the loss."
     order = -25  # before SkipNonFinite (-20) and the Recorder (-10): a non-finite loss stops the test before they see it
@@ -68,7 +69,7 @@ class LRFinder(Callback):
         if self.stop_div and self.best > 0 and smooth > self.div_factor * self.best: raise CancelFitException()
         self.best = min(self.best, smooth)
 
-# %% ../nbs/13_lr_finder.ipynb #94f12157
+# %% ../nbs/13_lr_finder.ipynb #ba1e0367
 class Suggestions(namedtuple('Suggestions', 'valley steep minimum')):
     "Suggested lrs from a range test; any may be None when the curve is too short or never falls."
     __slots__ = ()
@@ -110,7 +111,7 @@ def suggest_lrs(lrs, losses, div_factor=4):
             valley = float(10 ** ((log_lrs[start] + log_lrs[i]) / 2))
     return Suggestions(valley, steep, minimum)
 
-# %% ../nbs/13_lr_finder.ipynb #15717ae3
+# %% ../nbs/13_lr_finder.ipynb #7f018961
 def _loss_at(lrs, losses, lr):
     "The smoothed loss at `lr`, interpolated in log(lr) (clamped to the tested range)."
     return float(np.interp(math.log10(lr), np.log10(lrs), losses))
@@ -146,7 +147,7 @@ class LRFinderResult(NamedTuple):
     def widget(self, learn):
         "An interactive plot (ipywidgets): a log-scale lr slider with a marker on the curve, and a button that sets `learn.lr`."
         import ipywidgets as W  # lazy: only for the interactive view
-        from nbtrainer.plotting import _png
+        from nbtrainer.plotting import figure_png
         if not self.lrs: raise ValueError('the range test recorded no point: nothing to show')
         lo, hi = math.log10(self.lrs[0]), math.log10(self.lrs[-1])
         if hi <= lo: lo, hi = lo - 0.5, hi + 0.5
@@ -161,7 +162,7 @@ class LRFinderResult(NamedTuple):
             lr = slider.value
             loss = self.loss_at(lr)
             marker.set_data([lr], [loss])
-            image.value = _png(fig)
+            image.value = figure_png(fig)
             label.value = f'lr {lr:.2e}: smoothed loss {loss:.4g}'
 
         def use(_):
@@ -175,14 +176,7 @@ class LRFinderResult(NamedTuple):
         box.slider, box.button, box.label, box.image = slider, button, label, image
         return box
 
-# %% ../nbs/13_lr_finder.ipynb #0fc26d8c
-def _in_kernel():
-    "True when running under IPython with a kernel (a notebook), where widgets can show."
-    if 'IPython' not in sys.modules: return False
-    from IPython import get_ipython
-    shell = get_ipython()
-    return shell is not None and getattr(shell, 'kernel', None) is not None
-
+# %% ../nbs/13_lr_finder.ipynb #c81ed94d
 def lr_find(learn, start_lr=1e-7, end_lr=10, num_it=100, stop_div=True, show=True):
     "LR range test: `num_it` steps with the lr rising exponentially; returns an `LRFinderResult`. The learner is restored."
     finder = LRFinder(start_lr, end_lr, num_it, stop_div)
@@ -196,7 +190,7 @@ def lr_find(learn, start_lr=1e-7, end_lr=10, num_it=100, stop_div=True, show=Tru
         learn.restore(saved)
         for m, mode in zip(learn.model.modules(), modes): m.training = mode
     result = LRFinderResult(list(finder.lrs), list(finder.losses), suggest_lrs(finder.lrs, finder.losses, finder.div_factor))
-    if show and _in_kernel() and result.lrs:
+    if show and in_jupyter() and result.lrs:
         from IPython.display import display
         try: display(result.widget(learn))
         except ImportError: display(result.plot())  # no ipywidgets: the static figure
