@@ -7,10 +7,10 @@ Docs: https://nbtrainer.github.io/nbtrainer/plotting.html.md"""
 # %% auto #0
 __all__ = ['figure_png', 'show_figures_inline', 'plot_history']
 
-# %% ../nbs/03_plotting.ipynb #d606db98
+# %% ../nbs/03_plotting.ipynb #8f099e08
 import io, math, sys
 
-# %% ../nbs/03_plotting.ipynb #c16cd88f
+# %% ../nbs/03_plotting.ipynb #0e3ef8f2
 def _smooth(values, beta=0.98):
     "Debiased exponential moving average, as the Recorder computes it."
     out, avg = [], 0.0
@@ -74,9 +74,10 @@ def _history_axes(fig, metric_names):
             lines[name] = ax2.plot([], [], 's--', color=_METRIC_COLORS[i % len(_METRIC_COLORS)], label=name)[0]
         ax2.set_ylabel('metric')
     labelled = [line for line in lines.values() if not line.get_label().startswith('_')]
-    # the metric axis, if any, is drawn over the loss axis: the legend goes on it
-    fig.axes[-1].legend(labelled, [line.get_label() for line in labelled], loc='upper right', fontsize='small', framealpha=0.8)
-    fig.subplots_adjust(left=0.09, right=0.9, bottom=0.13, top=0.95)  # room for both y labels, fixed: cheap
+    # above the axes, where no curve can pass under it (the live plot draws curves over a saved background)
+    fig.legend(labelled, [line.get_label() for line in labelled], loc='upper center', ncol=min(len(labelled), 5),
+               fontsize='small', frameon=False)
+    fig.subplots_adjust(left=0.09, right=0.9, bottom=0.13, top=0.87)  # room for the legend and both y labels
     fig._history_layout = (tuple(metric_names), lines)
     return lines
 

@@ -4,6 +4,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The UI test drives JupyterLab in Debian's Chromium (never `playwright install`: it downloads, and fails offline).
+if ! command -v chromium >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing chromium for the UI test"
+    apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null
+  else
+    echo "chromium is missing: run 'sudo apt-get install -y chromium chromium-driver' (the UI test needs it)"; exit 1
+  fi
+fi
+
 # Exporting and cleaning must change nothing: the notebooks are the source and were exported and cleaned.
 snapshot() {
   git status --porcelain --untracked-files=all
