@@ -89,3 +89,13 @@ def test_interrupt_ends_the_fit_cleanly(call):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+@pytest.mark.parametrize('name', ['16_control', '17_dashboard'])
+def test_control_and_dashboard_notebooks_in_a_real_kernel(name, tmp_path):
+    "nbdev-test runs these without a kernel; here the dashboard is displayed for real and fit_async meets ipykernel's loop."
+    from conftest import ROOT
+    nb = nbformat.read(ROOT / 'nbs' / f'{name}.ipynb', as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name='python3', resources={'metadata': {'path': str(tmp_path)}}).execute()
+    errors = [o for c in nb.cells if c.cell_type == 'code' for o in c.outputs if o.output_type == 'error']
+    assert not errors, errors
