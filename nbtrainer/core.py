@@ -11,7 +11,7 @@ __all__ = ['EVENTS', 'CancelFitException', 'CancelEpochException', 'CancelTrainE
            'Learner', 'Recorder', 'SkipNonFinite']
 
 # %% ../nbs/00_core.ipynb #885a37b3
-import contextlib, copy, math, random, time
+import contextlib, copy, math, os, random, time
 from collections.abc import Mapping
 
 import numpy as np
@@ -51,9 +51,9 @@ class Callback:
     def load_state_dict(self, state): pass
 
 # %% ../nbs/00_core.ipynb #247f27b3
-def _dispatch_table(cbs):
-    "Per event, the bound methods of the callbacks that handle it, in `order`."
-    ordered = sorted(cbs, key=lambda cb: cb.order)
+def _dispatch_table(cbs, main_process=True):
+    "Per event, the bound methods of the callbacks that handle it, in `order`; on ranks other than 0, none marked `main_process_only`."
+    ordered = sorted((cb for cb in cbs if main_process or not getattr(cb, 'main_process_only', False)), key=lambda cb: cb.order)
     return {event: [(cb, getattr(cb, event)) for cb in ordered if callable(getattr(cb, event, None))]
             for event in EVENTS}
 
@@ -73,6 +73,11 @@ def resolve_device(device=None):
     device = torch.device(device) if device is not None else default_device()
     if device.type == 'cuda' and device.index is None: device = torch.device('cuda', torch.cuda.current_device())
     return device
+
+def _distributed_run():
+    "True in a `torch.distributed` run: a process group exists, or torchrun started this process with WORLD_SIZE > 1."
+    dist = torch.distributed
+    return dist.is_available() and (dist.is_initialized() or int(os.environ.get('WORLD_SIZE', '1')) > 1)
 
 def to_device(batch, device):
     "Move every tensor in a nest of tuples, lists and dicts to `device`."
@@ -138,7 +143,7 @@ def set_rng_state(state, dl=None):
         for g, s in zip(_loader_generators(dl), state['loader']): g.set_state(s)
 
 # %% ../nbs/00_core.ipynb #a9de89a1
-def _training_mechanics(precision='fp32', accumulate=1, clip_grad_norm=None):
+def _training_mechanics(precision='fp32', accumulate=1, clip_grad_norm=None, distributed=False):
     "The callbacks behind the Learner's `precision=`, `accumulate=` and `clip_grad_norm=` arguments."
     if precision not in ('fp32', 'fp16', 'bf16'): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', got {precision!r}")
     if not (isinstance(accumulate, int) and accumulate >= 1): raise ValueError(f'accumulate must be an int >= 1, got {accumulate!r}')
@@ -147,7 +152,7 @@ def _training_mechanics(precision='fp32', accumulate=1, clip_grad_norm=None):
     if precision != 'fp32':
         from nbtrainer.amp import MixedPrecision
         cbs.append(MixedPrecision(precision))
-    if accumulate > 1:
+    if accumulate > 1 or distributed:  # distributed: the same callback divides by the global example count
         from nbtrainer.gradients import GradientAccumulation
         cbs.append(GradientAccumulation(accumulate))
     if clip_grad_norm is not None:
@@ -164,9 +169,15 @@ class Learner:
 
     def __init__(self, model, train_dl, valid_dl=None, loss_func=F.cross_entropy, opt_func=torch.optim.AdamW,
                  lr=1e-3, metrics=('accuracy',), cbs=(), device=None, progress=True, skip_nonfinite=False,
-                 precision='fp32', accumulate=1, clip_grad_norm=None, compile=False):
+                 precision='fp32', accumulate=1, clip_grad_norm=None, compile=False, distributed=None, sync_bn=False):
         self.device = resolve_device(device)
         self.model = model.to(self.device)
+        self.distributed = _distributed_run() if distributed is None else bool(distributed)
+        if self.distributed:  # DDP: wrap the model, shard the loaders (nbtrainer.distributed)
+            from nbtrainer.distributed import DistributedTrainer  # lazy: single-process runs never load it
+            cbs = [DistributedTrainer(sync_bn=sync_bn), *cbs]
+            self.model, train_dl = cbs[0].prepare(self.model, self.device, train_dl)
+        self.main_process = not self.distributed or torch.distributed.get_rank() == 0  # the rank that draws and writes
         if compile: self.model = torch.compile(self.model)
         self.train_dl, self.valid_dl = train_dl, valid_dl
         self.loss_func, self.opt_func = loss_func, opt_func
@@ -188,7 +199,7 @@ class Learner:
             from nbtrainer.progress import ProgressCallback  # lazy: keeps `import nbtrainer.core` light
             defaults.append(ProgressCallback())
         if skip_nonfinite: defaults.append(SkipNonFinite())
-        defaults += _training_mechanics(precision, accumulate, clip_grad_norm)
+        defaults += _training_mechanics(precision, accumulate, clip_grad_norm, self.distributed)
         self.add_cbs(defaults + list(cbs))
 
     # ---- callbacks ----
@@ -197,14 +208,14 @@ class Learner:
         added = [cb() if isinstance(cb, type) else cb for cb in cbs]
         for cb in added: cb.learn = self
         self.cbs.extend(added)
-        self._dispatch = _dispatch_table(self.cbs)
+        self._dispatch = _dispatch_table(self.cbs, self.main_process)
         return added
 
     def remove_cbs(self, cbs):
         "Detach callbacks."
         for cb in cbs:
             if cb in self.cbs: self.cbs.remove(cb)
-        self._dispatch = _dispatch_table(self.cbs)
+        self._dispatch = _dispatch_table(self.cbs, self.main_process)
 
     def __call__(self, event):
         "Fire `event`: run the callbacks listening to it."
@@ -554,6 +565,7 @@ class Recorder(Callback):
         self.history, self.batches = [], {c: [] for c in self.columns}
         self._ema, self._n_seen = 0.0, 0
         self._queue, self._since_row = [], [0.0, 0]
+        self.nonfinite = None  # under DDP, the non-finite loss error a rank found, until all ranks stop together
 
     def before_fit(self):
         self._start = time.perf_counter()
@@ -584,9 +596,11 @@ class Recorder(Callback):
             for column, v in zip(self.columns, (epoch, batch, step, lr, value)): self.batches[column].append(v)
         if bad is not None:
             _, _, epoch, _, step, _ = queue[bad]
-            raise NonFiniteLossError(f'the training loss became {values[bad]} at epoch {epoch}, step {step}: '
-                                     'training stopped. Try a lower lr, check the inputs, or pass '
-                                     'skip_nonfinite=True to skip such batches.')
+            error = NonFiniteLossError(f'the training loss became {values[bad]} at epoch {epoch}, step {step}: '
+                                       'training stopped. Try a lower lr, check the inputs, or pass '
+                                       'skip_nonfinite=True to skip such batches.')
+            if not getattr(self.learn, 'distributed', False): raise error
+            self.nonfinite = self.nonfinite or error  # distributed: every rank raises it at the same batch (DistributedTrainer)
 
     @property
     def train_losses(self):
