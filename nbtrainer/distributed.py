@@ -323,7 +323,7 @@ def launch(train_fn, nprocs=2, args=(), kwargs=None, timeout=None, backend=None,
         warnings.filterwarnings('ignore', message='.*use of fork\\(\\) may lead to deadlocks.*')  # see the notebook: fork is the point
         for r in range(nprocs):
             out_r, out_w = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_worker, name=f'nbtrainer-rank{r}', daemon=True,
+            p = ctx.Process(target=_worker, name=f'nbtrainer-rank{r}', daemon=False,  # daemons may not start loader workers
                             args=(r, nprocs, port, backend, timeout, threads, out_w, result_w if r == 0 else None, payload))
             p.start()
             out_w.close()
