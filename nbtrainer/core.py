@@ -657,6 +657,12 @@ class SkipNonFinite(Callback):
     def __init__(self): self.skipped = 0
 
     def after_loss(self):
-        if self.learn.training and not torch.isfinite(self.learn.loss.detach()):
+        if self.learn.training and not self._finite(self.learn.loss.detach()):
             self.skipped += 1
             raise CancelBatchException()
+
+    def _finite(self, loss):
+        finite = torch.isfinite(loss).reshape(1).int()
+        if self.learn.distributed:  # skip on every rank or on none: a rank skipping alone would stall DDP's all-reduce
+            torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
+        return bool(finite)

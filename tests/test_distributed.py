@@ -246,6 +246,21 @@ def test_a_nan_on_one_rank_stops_every_rank_cleanly():
     assert a == b == 'NonFiniteLossError' and step0 == step1 <= 25
 
 
+def train_skipping_nan():
+    x, y = dataset(64).tensors
+    if rank() == 1: x[9] = float('nan')  # rank 1's 3rd batch
+    learn = Learner(make_model(), DataLoader(TensorDataset(x, y), batch_size=B), opt_func=torch.optim.SGD, metrics=(),
+                    progress=False, skip_nonfinite=True)
+    learn.fit(2)
+    skipped = [cb.skipped for cb in learn.cbs if hasattr(cb, 'skipped')]
+    return gather((learn.step, skipped, torch.isfinite(learn.model.module[0].weight).all().item()))
+
+
+def test_skip_nonfinite_skips_the_batch_on_every_rank():
+    # a rank that skipped alone would leave the other waiting in the all-reduce
+    assert launch(train_skipping_nan, nprocs=2, timeout=60) == [(14, [2], True)] * 2  # 8 batches per epoch, one skipped
+
+
 # ---- seeds ----
 
 def seeds(_):
