@@ -6,8 +6,8 @@ Docs: https://nbtrainer.github.io/nbtrainer/distributed.html.md"""
 
 # %% auto #0
 __all__ = ['DEFAULT_TIMEOUT', 'is_distributed', 'rank', 'world_size', 'is_main_process', 'init_distributed', 'barrier',
-           'broadcast_object', 'rank_seed', 'seed_rank_streams', 'shard_loader', 'padded_position', 'per_rank_examples',
-           'sync_metrics', 'sync_batchnorm_stats', 'request_stop', 'DistributedTrainer', 'launch']
+           'broadcast_object', 'rank_seed', 'seed_rank_streams', 'shard_loader', 'padded_position', 'global_batch_size',
+           'per_rank_examples', 'sync_metrics', 'sync_batchnorm_stats', 'request_stop', 'DistributedTrainer', 'launch']
 
 # %% ../nbs/15_distributed.ipynb #55073010
 import codecs, datetime, inspect, io, os, pickle, random, select, socket, sys, time, warnings, weakref
@@ -106,11 +106,23 @@ def padded_position(dl):
     return b, row
 
 # %% ../nbs/15_distributed.ipynb #63470e63
-def per_rank_examples(examples, device):
-    "A window's example count summed over the ranks, divided by the world size: what DDP's averaged gradients divide by."
-    total = torch.as_tensor(examples, dtype=torch.float32, device=device).reshape(1).clone()
-    dist.all_reduce(total)  # one scalar per step, on the device: no host sync
-    return total[0] / dist.get_world_size()
+def global_batch_size(dl, i):
+    "Real examples (padding left out) in batch `i` of `dl`, summed over the ranks, from its `DistributedSampler` alone; None if it cannot tell."
+    s = getattr(dl, 'sampler', None)
+    if not isinstance(s, DistributedSampler) or getattr(dl, 'batch_size', None) is None: return None
+    per_rank, world = dl.batch_size, s.num_replicas
+    real = min(len(s.dataset), s.total_size)  # sampler positions below this are real examples, above it repeats
+    start, end = i * per_rank * world, min((i + 1) * per_rank, s.num_samples) * world  # batch i's positions, all ranks
+    return max(0, min(end, real) - start)
+
+def per_rank_examples(learn, examples):
+    "A step's example count over all ranks, divided by the world size: what DDP's averaged gradients of summed losses divide by."
+    trainer = next(cb for cb in learn.cbs if isinstance(cb, DistributedTrainer))
+    known, trainer.window = trainer.window, 0
+    if known is not None: return known / trainer.world  # counted from the sampler: no communication
+    total = torch.as_tensor(examples, dtype=torch.float32, device=learn.device).reshape(1).clone()
+    dist.all_reduce(total)  # weighted or unsized batches: one scalar all-reduce, on the device (no host sync)
+    return total[0] / trainer.world
 
 def _no_buffer_broadcast():
     "DDP's option to leave buffers alone in forward: BatchNorm statistics stay per rank and are averaged at evaluations and checkpoints."
@@ -215,6 +227,7 @@ class DistributedTrainer(Callback):
     def before_fit(self):
         learn = self.learn
         learn.stop_requested, learn.recorder.nonfinite, self._since_check = False, None, 0
+        self.window = 0  # the global example count of the current accumulation window, while the sampler tells it
 
     def before_train(self):
         sampler = getattr(self.learn.train_dl, 'sampler', None)
@@ -231,13 +244,19 @@ class DistributedTrainer(Callback):
 
     def before_batch(self):
         learn = self.learn
-        if learn.training: learn.model.require_backward_grad_sync = not learn.accumulating  # no_sync inside a window
+        if learn.training:
+            learn.model.require_backward_grad_sync = not learn.accumulating  # no_sync inside a window
+            # weighted batches are counted by an all-reduce instead
+            self._count = global_batch_size(learn.train_dl, learn.iter) if learn.weights is None else None
         pad = self.train_pad if learn.training else self.valid_pad
         if pad is not None and learn.iter == pad[0]:  # the example the sampler repeated: weight 0, counted nowhere
             n = batch_size(learn.yb if learn.yb is not None else learn.xb)
             w = torch.ones(n, device=learn.device) if learn.weights is None else learn.weights.clone()
             w[pad[1]] = 0
             learn.weights, learn.bs = w, w.sum()
+
+    def before_backward(self):  # a batch cancelled before its backward adds nothing, as in GradientAccumulation
+        self.window = None if self._count is None or self.window is None else self.window + self._count
 
     def after_batch(self):
         if not self.learn.training: return

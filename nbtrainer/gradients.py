@@ -51,7 +51,7 @@ class GradientAccumulation(Callback):
         examples = self.examples
         if learn.distributed:  # DDP averaged the ranks' summed gradients: divide by the global count / world size
             from nbtrainer.distributed import per_rank_examples
-            examples = per_rank_examples(examples, learn.device)  # a device tensor: no host sync
+            examples = per_rank_examples(learn, examples)  # from the sampler, or a device tensor: no host sync
         # examples is an int, or a device tensor when batches carry weights (divided by without a sync)
         divisor = examples.clamp(min=1e-12) if torch.is_tensor(examples) else float(max(examples, 1))
         if grads: torch._foreach_div_(grads, divisor)

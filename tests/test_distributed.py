@@ -101,6 +101,46 @@ def test_two_ranks_equal_one_process_with_the_global_batch(opt_func, n, accumula
     assert max((weights[k] - ref[k]).abs().max().item() for k in ref) < 1e-6
 
 
+class DictData(torch.utils.data.Dataset):
+    "Dict examples; every 7th has weight 0 (padding the user added), which must count nowhere."
+    def __init__(self, n): self.x, self.y = dataset(n).tensors
+    def __len__(self): return len(self.y)
+    def __getitem__(self, i): return {'x': self.x[i], 'y': self.y[i], 'weight': torch.tensor(float(i % 7 != 3))}
+
+
+class Keyword(nn.Module):
+    def __init__(self): super().__init__(); self.net = make_model()
+    def forward(self, x): return self.net(x)
+
+
+def train_weighted(n, accumulate):
+    learn = Learner(Keyword(), loader(DictData(n)), opt_func=torch.optim.Adam, lr=0.05, metrics=(), accumulate=accumulate,
+                    progress=False)
+    learn.fit(2)
+    return {k: v.clone() for k, v in learn.model.module.net.state_dict().items()}
+
+
+@pytest.mark.parametrize('n, accumulate', [(45, 1), (46, 2)])
+def test_weighted_batches_equal_one_process_without_the_zero_weight_rows(n, accumulate):
+    "The global count comes from an all-reduce here (the sampler cannot know the weights)."
+    weights = launch(train_weighted, nprocs=2, args=(n, accumulate))
+    ds, epochs_batches = global_batches(n, 2)
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    for batches in epochs_batches:
+        batches = [[i for i in b if i % 7 != 3] for b in batches]
+        for w in range(0, len(batches), accumulate):
+            window = batches[w:w + accumulate]
+            count = sum(len(b) for b in window)
+            for b in window:
+                x, y = ds[b]
+                (F.cross_entropy(model(x), y, reduction='sum') / count).backward()
+            opt.step()
+            opt.zero_grad()
+    ref = model.state_dict()
+    assert max((weights[k] - ref[k]).abs().max().item() for k in ref) < 1e-6
+
+
 class CountSyncs(Callback):
     "Records, per training batch, whether DDP was going to all-reduce this batch's gradients."
     order = 1  # after DistributedTrainer set it in before_batch
