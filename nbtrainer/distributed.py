@@ -74,21 +74,21 @@ def seed_rank_streams(seed, rank):
     torch.manual_seed(s)
 
 # %% ../nbs/15_distributed.ipynb #d5d91449
-def shard_loader(dl, shuffle=None, seed=0, rank_=None, world=None):
+def shard_loader(dl, shuffle=None, seed=0, rank=None, world=None):
     "`dl` re-made with a `DistributedSampler`: same dataset, batch size, shuffle, drop_last, collate_fn and workers."
     if isinstance(getattr(dl, 'sampler', None), DistributedSampler): return dl  # sharded already
     if not isinstance(dl, DataLoader) or isinstance(dl.dataset, IterableDataset): return dl  # iterables shard themselves
     if dl.batch_size is None or not isinstance(dl.sampler, (RandomSampler, SequentialSampler)):
         raise ValueError('cannot shard a DataLoader with a custom sampler or batch_sampler: give it a '
                          'torch.utils.data.DistributedSampler yourself (see nbs/15_distributed.ipynb)')
-    rank_ = rank() if rank_ is None else rank_
-    world = world_size() if world is None else world
+    if rank is None: rank = dist.get_rank() if is_distributed() else 0
+    if world is None: world = dist.get_world_size() if is_distributed() else 1
     if shuffle is None: shuffle = isinstance(dl.sampler, RandomSampler)
     g = getattr(dl.sampler, 'generator', None) or dl.generator
     if g is not None: seed = g.initial_seed()  # the user's shuffle seed, the same on every rank
-    sampler = DistributedSampler(dl.dataset, num_replicas=world, rank=rank_, shuffle=shuffle, seed=seed, drop_last=False)
+    sampler = DistributedSampler(dl.dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
     # worker seeds come from the loader's generator, or the global stream (already rank-distinct): keep them distinct
-    workers_g = torch.Generator().manual_seed(rank_seed(dl.generator.initial_seed(), rank_)) if dl.generator is not None else None
+    workers_g = torch.Generator().manual_seed(rank_seed(dl.generator.initial_seed(), rank)) if dl.generator is not None else None
     extra = dict(prefetch_factor=dl.prefetch_factor) if dl.num_workers else {}
     return DataLoader(dl.dataset, batch_size=dl.batch_size, sampler=sampler, num_workers=dl.num_workers,
                       collate_fn=dl.collate_fn, pin_memory=dl.pin_memory, drop_last=dl.drop_last, timeout=dl.timeout,
@@ -123,11 +123,6 @@ def per_rank_examples(learn, examples):
     total = torch.as_tensor(examples, dtype=torch.float32, device=learn.device).reshape(1).clone()
     dist.all_reduce(total)  # weighted or unsized batches: one scalar all-reduce, on the device (no host sync)
     return total[0] / trainer.world
-
-def _no_buffer_broadcast():
-    "DDP's option to leave buffers alone in forward: BatchNorm statistics stay per rank and are averaged at evaluations and checkpoints."
-    names = inspect.signature(nn.parallel.DistributedDataParallel).parameters
-    return {'forward_sync_buffers': False} if 'forward_sync_buffers' in names else {'broadcast_buffers': False}
 
 # %% ../nbs/15_distributed.ipynb #e416cf2e
 def _state_leaves(metric, out):
@@ -196,6 +191,11 @@ def sync_batchnorm_stats(model):
         flat = flat[n:]
 
 # %% ../nbs/15_distributed.ipynb #2068e596
+def _no_buffer_broadcast():
+    "DDP's option to leave buffers alone in forward: BatchNorm statistics stay per rank and are averaged at evaluations and checkpoints."
+    names = inspect.signature(nn.parallel.DistributedDataParallel).parameters
+    return {'forward_sync_buffers': False} if 'forward_sync_buffers' in names else {'broadcast_buffers': False}
+
 def request_stop(learn):
     "Stop a fit at the next batch boundary: every rank stops at the same batch under DDP (a `CancelFitException`)."
     learn.stop_requested = True
@@ -289,8 +289,13 @@ def _free_port():
 
 def _leave_jupyter():
     "In a worker: text progress bars and no inline display, since only the kernel process can talk to the notebook."
-    import tqdm.std
-    sys.modules['tqdm.auto'] = tqdm.std  # `from tqdm.auto import tqdm` gets the text bar
+    import tqdm.std, types
+
+    class OneLine(tqdm.std.tqdm):
+        "A text bar on the output's one line: a cell does not render the cursor moves of stacked bars."
+        def __init__(self, *args, **kwargs): super().__init__(*args, **{**kwargs, 'position': 0})
+
+    sys.modules['tqdm.auto'] = types.SimpleNamespace(tqdm=OneLine)  # what `from tqdm.auto import tqdm` finds
     if 'IPython' in sys.modules:
         from IPython.core.interactiveshell import InteractiveShell
         InteractiveShell.clear_instance()
