@@ -391,3 +391,21 @@ def test_launch_from_a_notebook_run_by_nbclient(tmp_path, monkeypatch):
     text = ''.join(o.get('text', '') for o in nb.cells[2].outputs if o.output_type == 'stream')
     assert 'rank 0 of 2 says hello' in text and 'result 7' in text
     assert 'rank 1' not in text  # only rank 0's output is streamed into the cell
+
+
+def sync_bn_on_cpu():
+    try: Learner(make_model(bn=True), loader(dataset(8)), progress=False, sync_bn=True)
+    except ValueError as e: return str(e)
+
+
+def test_sync_bn_on_the_cpu_says_it_needs_gpus():
+    assert 'needs GPUs' in launch(sync_bn_on_cpu, nprocs=2)
+
+
+def test_package_level_launch_and_light_import():
+    import nbtrainer
+    assert nbtrainer.launch is launch
+    script = ('import sys, torch; before = set(sys.modules); import nbtrainer.distributed; '
+              'print(" ".join(set(sys.modules) - before))')
+    loaded = set(subprocess.check_output([sys.executable, '-c', script], text=True).split())
+    assert not [m for m in ('matplotlib', 'ipywidgets', 'tqdm.auto', 'tensorboard', 'IPython') if m in loaded]
