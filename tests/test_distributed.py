@@ -409,3 +409,14 @@ def test_package_level_launch_and_light_import():
               'print(" ".join(set(sys.modules) - before))')
     loaded = set(subprocess.check_output([sys.executable, '-c', script], text=True).split())
     assert not [m for m in ('matplotlib', 'ipywidgets', 'tqdm.auto', 'tensorboard', 'IPython') if m in loaded]
+
+
+def test_the_same_script_under_torchrun_and_plain_python(tmp_path):
+    worker = [str(ROOT / 'tests' / 'ddp_worker.py'), '--short']
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    subprocess.run([sys.executable, *worker[:1], str(tmp_path / 'one'), *worker[1:]], check=True, timeout=120, env=env)
+    subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node=2', '--master-port', str(_free_port()),
+                    worker[0], str(tmp_path / 'two'), *worker[1:]], check=True, timeout=180, env=env)
+    one, two = (torch.load(tmp_path / d / 'final.pt', weights_only=True) for d in ('one', 'two'))
+    assert one['step'] == two['step'] == 12  # 44 examples: global batches 8, 8, 8, 8, 8, 4 per epoch
+    assert max((one['model'][k] - two['model'][k]).abs().max().item() for k in one['model']) < 1e-6
