@@ -64,11 +64,9 @@ def _atomic_save(obj, path):
 def save_checkpoint(learn, path):
     "Write `learn`'s whole training state to `path`, atomically. Returns the path. Under DDP every rank calls it; rank 0 writes."
     if learn.distributed:
-        from nbtrainer.distributed import sync_batchnorm_stats, barrier
-        sync_batchnorm_stats(learn.model)  # the saved model is the one every rank holds
-        if not learn.main_process:
-            barrier()  # returns once rank 0 has written the file
-            return Path(path)
+        from nbtrainer.distributed import sync_batchnorm_stats
+        sync_batchnorm_stats(learn.model)  # the saved model is the one every rank holds (a collective if it has BatchNorm)
+        if not learn.main_process: return Path(path)
     callbacks = {key: cb.state_dict() for key, cb in _callback_keys(learn).items()}
     state = {'format': FORMAT, 'model': plain_state_dict(learn.model.state_dict()),
              'optimizer': learn.opt.state_dict(), 'scaler': learn.scaler.state_dict(), 'lr': learn.lr,
@@ -76,7 +74,6 @@ def save_checkpoint(learn, path):
              'last_eval_step': getattr(learn, '_last_eval_step', learn.step), 'position': _position(learn),
              'callbacks': {k: v for k, v in callbacks.items() if v}}
     _atomic_save(state, path)
-    if learn.distributed: barrier()
     return Path(path)
 
 # %% ../nbs/08_checkpoint.ipynb #f1cb3616
@@ -210,8 +207,14 @@ def _checkpointer(learn):
 
 def resume_from(learn, resume):
     "For `fit(..., resume=True | path)`: load the newest checkpoint (True) or the given file."
+    if learn.distributed:
+        from nbtrainer.distributed import barrier
+        barrier()  # every checkpoint rank 0 was writing is on disk
     if resume is True:
         path = _checkpointer(learn).latest() or _newest_file(_checkpointer(learn).folder)
+        if learn.distributed:
+            from nbtrainer.distributed import broadcast_object
+            path = broadcast_object(path)  # rank 0's choice: every rank resumes from the same file
         if path is None: return None  # nothing saved yet: start afresh
     else: path = resume
     return load_checkpoint(learn, path)
