@@ -197,8 +197,9 @@ def _no_buffer_broadcast():
     return {'forward_sync_buffers': False} if 'forward_sync_buffers' in names else {'broadcast_buffers': False}
 
 def request_stop(learn):
-    "Stop a fit at the next batch boundary: every rank stops at the same batch under DDP (a `CancelFitException`)."
-    learn.stop_requested = True
+    "From a callback: end the fit. One process: `CancelFitException` now. DDP: every rank raises it at the same batch, soon."
+    if not learn.distributed: raise CancelFitException()
+    learn.stop_requested = True  # DistributedTrainer reads it at the next check
 
 class DistributedTrainer(Callback):
     "DDP for a Learner: wraps the model, shards loaders, masks sampler padding, syncs metrics and stops all ranks together."
