@@ -241,7 +241,8 @@ class DistributedTrainer(Callback):
         if learn.dl not in self._sharded: self._sharded[learn.dl] = shard_loader(learn.dl, shuffle=False, seed=self.seed)
         sharded = self._sharded[learn.dl]
         self.valid_pad = padded_position(sharded)
-        learn.dl = _SyncAtEnd(sharded, learn)
+        # a DataLoader is sharded (by us, or by its iterable dataset): sum its metrics; any other iterable runs whole on each rank
+        if isinstance(sharded, DataLoader): learn.dl = _SyncAtEnd(sharded, learn)
 
     def before_batch(self):
         learn = self.learn

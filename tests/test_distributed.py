@@ -187,6 +187,17 @@ def test_metrics_on_two_ranks_equal_one_process(n):
     assert values['valid_loss'] == pytest.approx(F.cross_entropy(preds, y).item(), abs=1e-6)
 
 
+def validate_list():
+    x, y = dataset(30, seed=3).tensors
+    batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 30, 8)]  # not a DataLoader: each rank evaluates all of it
+    learn = Learner(make_model(), loader(dataset(16)), batches, metrics=(ConfusionMatrix(),), progress=False)
+    return learn.validate()['confusion_matrix']
+
+
+def test_an_evaluation_iterable_that_is_not_a_loader_is_not_summed_twice():
+    assert launch(validate_list, nprocs=2).sum() == 30
+
+
 # ---- checkpoints ----
 
 def train_bn_and_save(path):
