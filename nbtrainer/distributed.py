@@ -237,12 +237,12 @@ class DistributedTrainer(Callback):
     def before_validate(self):
         learn = self.learn
         sync_batchnorm_stats(learn.model)  # every rank evaluates (and checkpoints) the same model
-        if learn.dl is None: return
+        self.valid_pad = None
+        if not isinstance(learn.dl, DataLoader): return  # e.g. a list of batches: each rank evaluates all of it, unsummed
         if learn.dl not in self._sharded: self._sharded[learn.dl] = shard_loader(learn.dl, shuffle=False, seed=self.seed)
         sharded = self._sharded[learn.dl]
         self.valid_pad = padded_position(sharded)
-        # a DataLoader is sharded (by us, or by its iterable dataset): sum its metrics; any other iterable runs whole on each rank
-        if isinstance(sharded, DataLoader): learn.dl = _SyncAtEnd(sharded, learn)
+        learn.dl = _SyncAtEnd(sharded, learn)  # sharded by us, or by its iterable dataset: sum the metrics
 
     def before_batch(self):
         learn = self.learn
