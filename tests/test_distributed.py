@@ -422,6 +422,12 @@ def test_sync_bn_on_the_cpu_says_it_needs_gpus():
     assert 'needs GPUs' in launch(sync_bn_on_cpu, nprocs=2)
 
 
+def test_launch_with_spawn_sends_the_function_by_value():
+    pytest.importorskip('cloudpickle')
+    local = lambda n: (rank(), world_size(), n)  # not importable by a spawned child: cloudpickle sends it by value
+    assert launch(local, nprocs=2, args=(5,), start_method='spawn') == (0, 2, 5)
+
+
 def test_package_level_launch_and_light_import():
     import nbtrainer
     assert nbtrainer.launch is launch
