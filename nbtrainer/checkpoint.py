@@ -62,7 +62,11 @@ def _atomic_save(obj, path):
     finally: os.close(dir_fd)
 
 def save_checkpoint(learn, path):
-    "Write `learn`'s whole training state to `path`, atomically. Returns the path."
+    "Write `learn`'s whole training state to `path`, atomically. Returns the path. Under DDP every rank calls it; rank 0 writes."
+    if learn.distributed:
+        from nbtrainer.distributed import sync_batchnorm_stats
+        sync_batchnorm_stats(learn.model)  # the saved model is the one every rank holds (a collective if it has BatchNorm)
+        if not learn.main_process: return Path(path)
     callbacks = {key: cb.state_dict() for key, cb in _callback_keys(learn).items()}
     state = {'format': FORMAT, 'model': plain_state_dict(learn.model.state_dict()),
              'optimizer': learn.opt.state_dict(), 'scaler': learn.scaler.state_dict(), 'lr': learn.lr,
@@ -119,7 +123,8 @@ def load_checkpoint(learn, path, weights_only=False):
     learn.lr = state['lr']
     learn.epoch, learn.step = state['epoch'], state['step']
     learn.fit_start, learn._last_eval_step = tuple(state['fit_start']), state['last_eval_step']
-    for key, cb_state in state['callbacks'].items(): keys[key].load_state_dict(cb_state)
+    for key, cb_state in state['callbacks'].items():
+        if learn.main_process or not getattr(keys[key], 'main_process_only', False): keys[key].load_state_dict(cb_state)
     position = state['position']
     learn.epoch = position['epoch']
     if position['batches_done']: learn._resume = position  # the loop replays the epoch's order and skips ahead
@@ -142,10 +147,13 @@ class Checkpointer(Callback):
     def _save(self, name):
         return str(self.learn.save(self.folder / name))
 
+    def _remove(self, path):
+        if self.learn.main_process: Path(path).unlink(missing_ok=True)  # under DDP only rank 0 touches files
+
     def _keep_last(self, path):
         self.last = [p for p in self.last if p != path] + [path]
         for old in self.last[:-self.keep_last] if self.keep_last else self.last:
-            if all(old != b[1] for b in self.best): Path(old).unlink(missing_ok=True)
+            if all(old != b[1] for b in self.best): self._remove(old)
         self.last = self.last[-self.keep_last:] if self.keep_last else []
 
     def after_batch(self):
@@ -164,12 +172,15 @@ class Checkpointer(Callback):
         if self.monitor not in row:
             raise ValueError(f'Checkpointer monitors {self.monitor!r}, but the history has only {sorted(row)}')
         score = row[self.monitor] if self.mode == 'min' else -row[self.monitor]
+        if learn.distributed:  # rank 0's score, so that every rank makes the same decision (train_loss is per rank)
+            from nbtrainer.distributed import broadcast_object
+            score = broadcast_object(score)
         if math.isnan(score) or (len(self.best) >= self.keep_best and score >= self.best[-1][0]): return
         path = self._save(f'best-{learn.step}.pt')
         self.best = sorted([b for b in self.best if b[1] != path] + [(score, path, {k: v for k, v in row.items() if k != 'time'})],
                            key=lambda b: b[0])
         for _, old, _ in self.best[self.keep_best:]:
-            if old not in self.last: Path(old).unlink(missing_ok=True)
+            if old not in self.last: self._remove(old)
         self.best = self.best[:self.keep_best]
 
     def latest(self):
@@ -196,8 +207,14 @@ def _checkpointer(learn):
 
 def resume_from(learn, resume):
     "For `fit(..., resume=True | path)`: load the newest checkpoint (True) or the given file."
+    if learn.distributed:
+        from nbtrainer.distributed import barrier
+        barrier()  # every checkpoint rank 0 was writing is on disk
     if resume is True:
         path = _checkpointer(learn).latest() or _newest_file(_checkpointer(learn).folder)
+        if learn.distributed:
+            from nbtrainer.distributed import broadcast_object
+            path = broadcast_object(path)  # rank 0's choice: every rank resumes from the same file
         if path is None: return None  # nothing saved yet: start afresh
     else: path = resume
     return load_checkpoint(learn, path)

@@ -7,13 +7,14 @@ Docs: https://nbtrainer.github.io/nbtrainer/control.html.md"""
 # %% auto #0
 __all__ = ['Controls', 'fit_in_thread']
 
-# %% ../nbs/16_control.ipynb #948d0437
+# %% ../nbs/16_control.ipynb #399a19ad
 import asyncio, concurrent.futures, threading, time
 from pathlib import Path
 
-from .core import Callback, CancelFitException, Learner
+from .core import Callback, Learner
+from .distributed import request_stop
 
-# %% ../nbs/16_control.ipynb #f5de46e9
+# %% ../nbs/16_control.ipynb #7e7420cb
 class Controls(Callback):
     "Requests from any thread (stop, pause, lr, save), applied by the training thread at the next batch boundary."
     order = 100  # last: the displays have shown the batch before a pause holds it
@@ -34,17 +35,27 @@ class Controls(Callback):
         self._stop.set()
         self._running.set()  # a paused fit wakes up to stop
 
-    def pause(self): self._running.clear()
+    def pause(self):
+        "Hold the fit between batches until `resume()`."
+        self._one_process_only('pause')
+        self._running.clear()
+
     def resume(self): self._running.set()
 
     def set_lr(self, lr):
         "Use `lr` as `learn.lr` from the next step."
+        self._one_process_only('set_lr')
         Learner._check_lr(lr)  # a bad value fails here, in the caller's thread, not in the training loop
         self._lr = lr
 
     def save(self):
         "Write a checkpoint at the next optimizer-step boundary."
+        self._one_process_only('save')
         self._save = True
+
+    def _one_process_only(self, what):
+        if getattr(self.learn, 'distributed', False):  # one rank's request would make the ranks disagree, or hang
+            raise ValueError(f'Controls.{what}() works in one process only; under DDP only stop() reaches every rank')
 
     @property
     def paused(self): return not self._running.is_set()
@@ -62,8 +73,9 @@ class Controls(Callback):
         if not self._running.is_set(): self._hold()
 
     def _stop_now(self):
+        self._stop.clear()  # requested once; under DDP every rank stops at the next stop check
         self.log.append((self.learn.step, 'stop', None))
-        raise CancelFitException()
+        request_stop(self.learn)  # one process: CancelFitException now
 
     def _apply_lr(self):
         lr, self._lr = self._lr, None
@@ -89,7 +101,7 @@ class Controls(Callback):
         self.log.append((learn.step, 'resume', None))
         if self._stop.is_set(): self._stop_now()
 
-# %% ../nbs/16_control.ipynb #33eb7e90
+# %% ../nbs/16_control.ipynb #785da648
 async def fit_in_thread(learn, *args, **kwargs):
     "Run `learn.fit(*args, **kwargs)` in a worker thread and await it; an interrupt stops the fit cleanly, then re-raises."
     controls = next((cb for cb in learn.cbs if isinstance(cb, Controls)), None)  # the Learner's own, if any

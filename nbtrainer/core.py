@@ -10,8 +10,8 @@ __all__ = ['EVENTS', 'CancelFitException', 'CancelEpochException', 'CancelTrainE
            'default_device', 'resolve_device', 'to_device', 'batch_size', 'preserve_rng', 'rng_state', 'set_rng_state',
            'Learner', 'Recorder', 'SkipNonFinite']
 
-# %% ../nbs/00_core.ipynb #8d27b10a
-import contextlib, copy, math, random, time
+# %% ../nbs/00_core.ipynb #3597a7bf
+import contextlib, copy, math, os, random, time
 from collections.abc import Mapping
 
 import numpy as np
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from .metrics import Mean, example_losses, get_metric
 
-# %% ../nbs/00_core.ipynb #35ce4ef5
+# %% ../nbs/00_core.ipynb #a07ed064
 class CancelFitException(Exception):      "Skip the rest of `fit`."
 class CancelEpochException(Exception):    "Skip the rest of this epoch."
 class CancelTrainException(Exception):    "Skip the rest of this epoch's training phase."
@@ -41,7 +41,7 @@ EVENTS = ('before_fit', 'before_epoch', 'before_train', 'before_batch', 'after_p
           'after_train', 'before_validate', 'after_validate', 'after_epoch', 'after_fit',
           *(f'after_cancel_{s}' for s in _SCOPES))
 
-# %% ../nbs/00_core.ipynb #cfde5cfd
+# %% ../nbs/00_core.ipynb #4aeee923
 class Callback:
     "Base class for callbacks: define methods named after events in `EVENTS`."
     order = 0
@@ -50,10 +50,10 @@ class Callback:
     def state_dict(self): return {}
     def load_state_dict(self, state): pass
 
-# %% ../nbs/00_core.ipynb #053ef3b2
-def _dispatch_table(cbs):
-    "Per event, the bound methods of the callbacks that handle it, in `order`."
-    ordered = sorted(cbs, key=lambda cb: cb.order)
+# %% ../nbs/00_core.ipynb #5505df1d
+def _dispatch_table(cbs, main_process=True):
+    "Per event, the bound methods of the callbacks that handle it, in `order`; on ranks other than 0, none marked `main_process_only`."
+    ordered = sorted((cb for cb in cbs if main_process or not getattr(cb, 'main_process_only', False)), key=lambda cb: cb.order)
     return {event: [(cb, getattr(cb, event)) for cb in ordered if callable(getattr(cb, event, None))]
             for event in EVENTS}
 
@@ -61,7 +61,7 @@ def _note(exc, msg):
     "Attach `msg` to the traceback of `exc` (Python 3.11+; a no-op before)."
     getattr(exc, 'add_note', lambda _: None)(msg)
 
-# %% ../nbs/00_core.ipynb #47cf8371
+# %% ../nbs/00_core.ipynb #ba9aafd4
 def default_device():
     "CUDA if available, then Apple's MPS, then the CPU."
     if torch.cuda.is_available(): return torch.device('cuda', torch.cuda.current_device())
@@ -73,6 +73,11 @@ def resolve_device(device=None):
     device = torch.device(device) if device is not None else default_device()
     if device.type == 'cuda' and device.index is None: device = torch.device('cuda', torch.cuda.current_device())
     return device
+
+def _distributed_run():
+    "True in a `torch.distributed` run: a process group exists, or torchrun started this process with WORLD_SIZE > 1."
+    dist = torch.distributed
+    return dist.is_available() and (dist.is_initialized() or int(os.environ.get('WORLD_SIZE', '1')) > 1)
 
 def to_device(batch, device):
     "Move every tensor in a nest of tuples, lists and dicts to `device`."
@@ -93,7 +98,7 @@ def batch_size(b):
         if n: return n
     return 0
 
-# %% ../nbs/00_core.ipynb #50fddc6f
+# %% ../nbs/00_core.ipynb #cf46c993
 @contextlib.contextmanager
 def preserve_rng(device=None):
     "Run a block without consuming the global random streams of torch, `random` and NumPy."
@@ -107,7 +112,7 @@ def preserve_rng(device=None):
         random.setstate(py_state)
         np.random.set_state(np_state)
 
-# %% ../nbs/00_core.ipynb #72cc21d0
+# %% ../nbs/00_core.ipynb #a2f3bbc4
 def _loader_generators(dl):
     "The torch.Generators that decide a DataLoader's order: its own and its sampler's, if any."
     found = []
@@ -137,8 +142,8 @@ def set_rng_state(state, dl=None):
     if dl is not None:
         for g, s in zip(_loader_generators(dl), state['loader']): g.set_state(s)
 
-# %% ../nbs/00_core.ipynb #3e6ddda3
-def _training_mechanics(precision='fp32', accumulate=1, clip_grad_norm=None):
+# %% ../nbs/00_core.ipynb #9934d3f1
+def _training_mechanics(precision='fp32', accumulate=1, clip_grad_norm=None, distributed=False):
     "The callbacks behind the Learner's `precision=`, `accumulate=` and `clip_grad_norm=` arguments."
     if precision not in ('fp32', 'fp16', 'bf16'): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', got {precision!r}")
     if not (isinstance(accumulate, int) and accumulate >= 1): raise ValueError(f'accumulate must be an int >= 1, got {accumulate!r}')
@@ -147,7 +152,7 @@ def _training_mechanics(precision='fp32', accumulate=1, clip_grad_norm=None):
     if precision != 'fp32':
         from nbtrainer.amp import MixedPrecision
         cbs.append(MixedPrecision(precision))
-    if accumulate > 1:
+    if accumulate > 1 or distributed:  # distributed: the same callback divides by the global example count
         from nbtrainer.gradients import GradientAccumulation
         cbs.append(GradientAccumulation(accumulate))
     if clip_grad_norm is not None:
@@ -155,7 +160,7 @@ def _training_mechanics(precision='fp32', accumulate=1, clip_grad_norm=None):
         cbs.append(GradientClip(clip_grad_norm))
     return cbs
 
-# %% ../nbs/00_core.ipynb #05eec867
+# %% ../nbs/00_core.ipynb #d5c818f1
 class Learner:
     "Train `model` on `train_dl` with `loss_func` and an optimizer from `opt_func`; callbacks see every step."
     target_keys = ('y', 'target', 'targets', 'label', 'labels')
@@ -164,9 +169,16 @@ class Learner:
 
     def __init__(self, model, train_dl, valid_dl=None, loss_func=F.cross_entropy, opt_func=torch.optim.AdamW,
                  lr=1e-3, metrics=('accuracy',), cbs=(), device=None, progress=True, skip_nonfinite=False,
-                 precision='fp32', accumulate=1, clip_grad_norm=None, compile=False, dashboard=True):
+                 precision='fp32', accumulate=1, clip_grad_norm=None, compile=False, dashboard=True, distributed=None,
+                 sync_bn=False):
         self.device = resolve_device(device)
         self.model = model.to(self.device)
+        self.distributed = _distributed_run() if distributed is None else bool(distributed)
+        if self.distributed:  # DDP: wrap the model, shard the loaders (nbtrainer.distributed)
+            from nbtrainer.distributed import DistributedTrainer  # lazy: single-process runs never load it
+            cbs = [DistributedTrainer(sync_bn=sync_bn), *cbs]
+            self.model, train_dl = cbs[0].prepare(self.model, self.device, train_dl)
+        self.main_process = not self.distributed or torch.distributed.get_rank() == 0  # the rank that draws and writes
         if compile: self.model = torch.compile(self.model)
         self.train_dl, self.valid_dl = train_dl, valid_dl
         self.loss_func, self.opt_func = loss_func, opt_func
@@ -188,7 +200,7 @@ class Learner:
             from nbtrainer.progress import progress_display  # lazy: keeps `import nbtrainer.core` light
             defaults.append(progress_display(dashboard))
         if skip_nonfinite: defaults.append(SkipNonFinite())
-        defaults += _training_mechanics(precision, accumulate, clip_grad_norm)
+        defaults += _training_mechanics(precision, accumulate, clip_grad_norm, self.distributed)
         self.add_cbs(defaults + list(cbs))
 
     # ---- callbacks ----
@@ -197,14 +209,14 @@ class Learner:
         added = [cb() if isinstance(cb, type) else cb for cb in cbs]
         for cb in added: cb.learn = self
         self.cbs.extend(added)
-        self._dispatch = _dispatch_table(self.cbs)
+        self._dispatch = _dispatch_table(self.cbs, self.main_process)
         return added
 
     def remove_cbs(self, cbs):
         "Detach callbacks."
         for cb in cbs:
             if cb in self.cbs: self.cbs.remove(cb)
-        self._dispatch = _dispatch_table(self.cbs)
+        self._dispatch = _dispatch_table(self.cbs, self.main_process)
 
     def __call__(self, event):
         "Fire `event`: run the callbacks listening to it."
@@ -546,7 +558,7 @@ def _as_float(v):
 
 def _metric_name(m): return getattr(m, 'name', None) or type(m).__name__.lower()
 
-# %% ../nbs/00_core.ipynb #7aea6ddc
+# %% ../nbs/00_core.ipynb #91062793
 class Recorder(Callback):
     "Keeps the loss of every training batch and one history row per evaluation, with no sync per step."
     order = -10  # before displays, which read it
@@ -559,6 +571,7 @@ class Recorder(Callback):
         self.history, self.batches = [], {c: [] for c in self.columns}
         self._ema, self._n_seen = 0.0, 0
         self._queue, self._since_row = [], [0.0, 0]
+        self.nonfinite = None  # under DDP, the non-finite loss error a rank found, until all ranks stop together
 
     def before_fit(self):
         self._start = time.perf_counter()
@@ -589,9 +602,11 @@ class Recorder(Callback):
             for column, v in zip(self.columns, (epoch, batch, step, lr, value)): self.batches[column].append(v)
         if bad is not None:
             _, _, epoch, _, step, _ = queue[bad]
-            raise NonFiniteLossError(f'the training loss became {values[bad]} at epoch {epoch}, step {step}: '
-                                     'training stopped. Try a lower lr, check the inputs, or pass '
-                                     'skip_nonfinite=True to skip such batches.')
+            error = NonFiniteLossError(f'the training loss became {values[bad]} at epoch {epoch}, step {step}: '
+                                       'training stopped. Try a lower lr, check the inputs, or pass '
+                                       'skip_nonfinite=True to skip such batches.')
+            if not getattr(self.learn, 'distributed', False): raise error
+            self.nonfinite = self.nonfinite or error  # distributed: every rank raises it at the same batch (DistributedTrainer)
 
     @property
     def train_losses(self):
@@ -640,7 +655,7 @@ class Recorder(Callback):
         from nbtrainer.plotting import plot_history  # lazy: core never imports matplotlib
         return plot_history(self, path)
 
-# %% ../nbs/00_core.ipynb #3dbac25a
+# %% ../nbs/00_core.ipynb #6761b5ac
 class SkipNonFinite(Callback):
     "Skip training batches whose loss is NaN or inf (syncs once per step: opt-in)."
     order = -20  # before the Recorder queues the loss
@@ -648,6 +663,12 @@ class SkipNonFinite(Callback):
     def __init__(self): self.skipped = 0
 
     def after_loss(self):
-        if self.learn.training and not torch.isfinite(self.learn.loss.detach()):
+        if self.learn.training and not self._finite(self.learn.loss.detach()):
             self.skipped += 1
             raise CancelBatchException()
+
+    def _finite(self, loss):
+        finite = torch.isfinite(loss).reshape(1).int()
+        if self.learn.distributed:  # skip on every rank or on none: a rank skipping alone would stall DDP's all-reduce
+            torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
+        return bool(finite)

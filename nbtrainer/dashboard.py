@@ -7,7 +7,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/dashboard.html.md"""
 # %% auto #0
 __all__ = ['Dashboard']
 
-# %% ../nbs/17_dashboard.ipynb #ffa0ec6c
+# %% ../nbs/17_dashboard.ipynb #e799ea7e
 import base64, html, threading, time
 from pathlib import Path
 
@@ -15,7 +15,7 @@ from .core import Callback, _dispatch_table
 from .liveplot import LivePlot
 from .progress import ProgressCallback, format_header, format_row, in_jupyter
 
-# %% ../nbs/17_dashboard.ipynb #9a6e7743
+# %% ../nbs/17_dashboard.ipynb #1fe5608f
 class _Bars(ProgressCallback):
     "ProgressCallback with its bars placed in the dashboard and its rows sent to the dashboard's table."
     def __init__(self, dashboard, refresh):
@@ -42,7 +42,7 @@ class _Plot(LivePlot):
         self.dashboard.image.value = png
         super().show(png)
 
-# %% ../nbs/17_dashboard.ipynb #9d5106aa
+# %% ../nbs/17_dashboard.ipynb #4dea96df
 _HINT = ('Buttons work with `await learn.fit_async(...)`: a plain `fit` keeps the kernel busy until it ends. '
          'To stop this fit, interrupt the kernel.')
 
@@ -61,6 +61,7 @@ def _close(widget):
 class Dashboard(Callback):
     "Bars, metrics table, live figure and controls in one widget; replaced by a static summary when the fit ends."
     order = 50  # after the Recorder, like the progress bars
+    main_process_only = True  # under DDP, rank 0 alone draws
 
     def __init__(self, refresh=0.2, every=1.0, path=None, max_share=0.02, plot=True):
         self.bars = _Bars(self, refresh)

@@ -245,6 +245,7 @@ def subset_loader(dl, size, seed=0):
 class SavePredictions(Callback):
     "At every evaluation in fit, keep the predictions for the validation examples at `indices`, with step and epoch."
     order = 20
+    main_process_only = True  # under DDP, rank 0 alone draws and writes
 
     def __init__(self, indices, path=None):
         self.indices, self.path, self.records = list(indices), path, []

@@ -46,9 +46,14 @@ class GradientAccumulation(Callback):
         if self.learn.accumulating: raise CancelBatchException()  # keep the gradients; no step, no zero_grad
 
     def before_step(self):
-        grads = [p.grad for p in self.learn.model.parameters() if p.grad is not None]
+        learn = self.learn
+        grads = [p.grad for p in learn.model.parameters() if p.grad is not None]
+        examples = self.examples
+        if learn.distributed:  # DDP averaged the ranks' summed gradients: divide by the global count / world size
+            from nbtrainer.distributed import per_rank_examples
+            examples = per_rank_examples(learn, examples)  # from the sampler, or a device tensor: no host sync
         # examples is an int, or a device tensor when batches carry weights (divided by without a sync)
-        divisor = self.examples.clamp(min=1e-12) if torch.is_tensor(self.examples) else float(max(self.examples, 1))
+        divisor = examples.clamp(min=1e-12) if torch.is_tensor(examples) else float(max(examples, 1))
         if grads: torch._foreach_div_(grads, divisor)
         self._reset()
 

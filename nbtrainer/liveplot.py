@@ -46,6 +46,7 @@ class Frames:
 class LivePlot(Callback):
     "Redraw the recorder's curves in place during `fit`: throttled to `every` s and at most `max_share` of the fit's time."
     order = 60  # after the Recorder (which must have written the evaluation's row) and the progress bars
+    main_process_only = True  # under DDP, rank 0 alone draws and writes
 
     def __init__(self, every=1.0, path=None, max_share=0.02, x_max=None, dpi=80):
         if not max_share > 0: raise ValueError(f'max_share must be > 0, got {max_share!r}')

@@ -17,6 +17,7 @@ from .core import Callback, Recorder, _metric_name
 class CSVLogger(Callback):
     "Log every training batch to a CSV file, with each evaluation's metrics on the row of the batch it followed."
     order = 10  # after the Recorder, which it reads
+    main_process_only = True  # under DDP, rank 0 alone draws and writes
 
     def __init__(self, path='runs/train_log.csv', flush_every=500):
         if not (isinstance(flush_every, int) and flush_every > 0):
@@ -105,6 +106,7 @@ def _batch_row(batches, i): return {c: batches[c][i] for c in Recorder.columns}
 class TensorBoardLogger(Callback):
     "Write the mean loss and the lr every `log_every` training batches, and each evaluation's metrics, to TensorBoard."
     order = 10  # after the Recorder, which it reads
+    main_process_only = True  # under DDP, rank 0 alone draws and writes
 
     def __init__(self, log_dir='runs/tensorboard', run_name=None, hparams=None, log_every=10):
         if not (isinstance(log_every, int) and log_every > 0): raise ValueError(f'log_every must be an int > 0, got {log_every!r}')

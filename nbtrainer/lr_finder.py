@@ -179,6 +179,8 @@ class LRFinderResult(NamedTuple):
 # %% ../nbs/13_lr_finder.ipynb #c81ed94d
 def lr_find(learn, start_lr=1e-7, end_lr=10, num_it=100, stop_div=True, show=True):
     "LR range test: `num_it` steps with the lr rising exponentially; returns an `LRFinderResult`. The learner is restored."
+    if learn.distributed:  # its stop on divergence is decided per rank, from that rank's losses
+        raise NotImplementedError('lr_find runs in one process: find the learning rate there, then train with DDP')
     finder = LRFinder(start_lr, end_lr, num_it, stop_div)
     saved = learn.snapshot()
     modes = [m.training for m in learn.model.modules()]  # fit switches to train mode: put eval mode back too

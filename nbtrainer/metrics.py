@@ -17,6 +17,7 @@ import torch.nn.functional as F
 class Metric:
     "Base class: `reset()` per evaluation, `update(pred, target, weight=None)` per batch (no host sync), `compute()` once (returns a float)."
     name = "metric"
+    states = None  # names of the attributes holding the accumulated state: distributed runs sum them over the ranks
     def __init__(self): self.reset()
     def reset(self): raise NotImplementedError
     def update(self, pred, target, weight=None): raise NotImplementedError
@@ -58,6 +59,7 @@ def _class_scores(pred, target, weight=None):
 # %% ../nbs/01_metrics.ipynb #44c93645
 class Mean(Metric):
     "Weighted mean of scalar values (0-d tensors or floats); `weight` is a Python number such as the batch size, or a 0-d tensor."
+    states = ("total", "weight")
     def __init__(self, name="mean"):
         self.name = name
         super().__init__()
@@ -125,6 +127,7 @@ class Perplexity(Loss):
 class Accuracy(Metric):
     "Fraction of examples whose argmax prediction equals the target."
     name = "accuracy"
+    states = ("hits", "total")
     def reset(self): self.hits, self.total = None, 0
 
     def _is_hit(self, scores, target): return scores.argmax(dim=1) == target
@@ -160,6 +163,7 @@ class TopKAccuracy(Accuracy):
 class ConfusionMatrix(Metric):
     "C x C counts (int64; float once weighted), rows = target, cols = prediction; `compute()` returns the matrix on the CPU."
     name = "confusion_matrix"
+    states = ("counts",)
     def reset(self): self.counts = None
 
     def update(self, pred, target, weight=None):
@@ -188,6 +192,7 @@ def _ratio(num, den):
 
 class _FromConfusion(Metric):
     "Base for scores computed from a confusion matrix at `compute()` time."
+    states = ("confusion",)
     def __init__(self):
         self.confusion = ConfusionMatrix()
         super().__init__()

@@ -44,6 +44,7 @@ def format_header(keys): return ' '.join(f'{k:>{max(len(k), 10)}}' for k in keys
 class ProgressCallback(Callback):
     "Epoch and batch bars with the smoothed loss; prints each history row as the fit goes."
     order = 50  # after the Recorder and metric callbacks
+    main_process_only = True  # under DDP, rank 0 alone draws and writes
 
     def __init__(self, refresh=0.2, file=None):
         self.refresh, self.file = refresh, file

@@ -1,0 +1,448 @@
+"""Distributed data-parallel training on 2 CPU processes (gloo), checked against one process and hand-written references.
+
+Each test starts its workers with `nbtrainer.distributed.launch` (fork), except the kill test, which runs the worker
+script the way torchrun would (environment variables) so that no watchdog helps the surviving rank.
+"""
+import math, os, signal, subprocess, sys, time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from conftest import ROOT
+from nbtrainer.core import Callback, Learner, NonFiniteLossError
+from nbtrainer.distributed import launch, rank, request_stop, world_size
+from nbtrainer.metrics import ConfusionMatrix
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or sys.platform != 'linux', reason='needs torch.distributed and fork')
+
+B, SEED = 4, 5  # per-rank batch size; the loader's shuffle seed
+
+
+def dataset(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g)
+    return TensorDataset(x, (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long())
+
+
+def make_model(bn=False):
+    torch.manual_seed(1)
+    if bn: return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def loader(ds, shuffle=True):
+    return DataLoader(ds, batch_size=B, shuffle=shuffle, generator=torch.Generator().manual_seed(SEED) if shuffle else None)
+
+
+def gather(obj):
+    "Every rank's `obj`, in rank order."
+    out = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+# ---- the same weights as one process on the global batch ----
+
+def train_ddp(opt_func, n, accumulate, epochs):
+    learn = Learner(make_model(), loader(dataset(n)), opt_func=opt_func, lr=0.05, metrics=(), accumulate=accumulate, progress=False)
+    learn.fit(epochs)
+    return {k: v.clone() for k, v in learn.model.module.state_dict().items()}, learn.step
+
+
+def global_batches(n, epochs, world=2):
+    "One process's batches of 2B: each is rank 0's batch i and rank 1's batch i, in DistributedSampler's order, padding left out."
+    ds, batches = dataset(n), []
+    for epoch in range(epochs):
+        shards = []
+        for r in range(world):
+            sampler = DistributedSampler(ds, num_replicas=world, rank=r, shuffle=True, seed=SEED)
+            sampler.set_epoch(epoch)
+            shards.append([i for j, i in enumerate(sampler) if r + j * world < n])  # position >= n: a repeat
+        per_rank = math.ceil(n / world)
+        batches.append([sum((s[b:b + B] for s in shards), []) for b in range(0, per_rank, B)])
+    return ds, batches
+
+
+def hand_written(opt_func, n, accumulate, epochs):
+    "A plain loop: windows of `accumulate` global batches, the summed loss divided by the window's example count."
+    ds, epochs_batches = global_batches(n, epochs)
+    model = make_model()
+    opt = opt_func(model.parameters(), lr=0.05)
+    steps = 0
+    for batches in epochs_batches:
+        for w in range(0, len(batches), accumulate):
+            window = batches[w:w + accumulate]
+            count = sum(len(b) for b in window)
+            for b in window:
+                x, y = ds[b]
+                (F.cross_entropy(model(x), y, reduction='sum') / count).backward()
+            opt.step()
+            opt.zero_grad()
+            steps += 1
+    return model.state_dict(), steps
+
+
+@pytest.mark.parametrize('opt_func, n, accumulate', [
+    (torch.optim.SGD, 48, 1),   # even: 6 global batches of 8
+    (torch.optim.Adam, 48, 1),
+    (torch.optim.SGD, 45, 1),   # uneven: rank 1 repeats an example; last global batch 5 (3 + 2, one a repeat)
+    (torch.optim.Adam, 45, 1),
+    (torch.optim.SGD, 45, 2),   # accumulation over an uneven epoch end
+    (torch.optim.Adam, 46, 3),
+])
+def test_two_ranks_equal_one_process_with_the_global_batch(opt_func, n, accumulate):
+    weights, steps = launch(train_ddp, nprocs=2, args=(opt_func, n, accumulate, 2))
+    ref, ref_steps = hand_written(opt_func, n, accumulate, 2)
+    assert steps == ref_steps
+    assert max((weights[k] - ref[k]).abs().max().item() for k in ref) < 1e-6
+
+
+class DictData(torch.utils.data.Dataset):
+    "Dict examples; every 7th has weight 0 (padding the user added), which must count nowhere."
+    def __init__(self, n): self.x, self.y = dataset(n).tensors
+    def __len__(self): return len(self.y)
+    def __getitem__(self, i): return {'x': self.x[i], 'y': self.y[i], 'weight': torch.tensor(float(i % 7 != 3))}
+
+
+class Keyword(nn.Module):
+    def __init__(self): super().__init__(); self.net = make_model()
+    def forward(self, x): return self.net(x)
+
+
+def train_weighted(n, accumulate):
+    learn = Learner(Keyword(), loader(DictData(n)), opt_func=torch.optim.Adam, lr=0.05, metrics=(), accumulate=accumulate,
+                    progress=False)
+    learn.fit(2)
+    return {k: v.clone() for k, v in learn.model.module.net.state_dict().items()}
+
+
+@pytest.mark.parametrize('n, accumulate', [(45, 1), (46, 2)])
+def test_weighted_batches_equal_one_process_without_the_zero_weight_rows(n, accumulate):
+    "The global count comes from an all-reduce here (the sampler cannot know the weights)."
+    weights = launch(train_weighted, nprocs=2, args=(n, accumulate))
+    ds, epochs_batches = global_batches(n, 2)
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    for batches in epochs_batches:
+        batches = [[i for i in b if i % 7 != 3] for b in batches]
+        for w in range(0, len(batches), accumulate):
+            window = batches[w:w + accumulate]
+            count = sum(len(b) for b in window)
+            for b in window:
+                x, y = ds[b]
+                (F.cross_entropy(model(x), y, reduction='sum') / count).backward()
+            opt.step()
+            opt.zero_grad()
+    ref = model.state_dict()
+    assert max((weights[k] - ref[k]).abs().max().item() for k in ref) < 1e-6
+
+
+class CountSyncs(Callback):
+    "Records, per training batch, whether DDP was going to all-reduce this batch's gradients."
+    order = 1  # after DistributedTrainer set it in before_batch
+    def __init__(self): self.syncs = []
+    def before_batch(self):
+        if self.learn.training: self.syncs.append(self.learn.model.require_backward_grad_sync)
+
+
+def train_counting_syncs():
+    counter = CountSyncs()
+    learn = Learner(make_model(), loader(dataset(40)), opt_func=torch.optim.SGD, metrics=(), accumulate=2, progress=False,
+                    cbs=[counter])
+    learn.fit(1)
+    return counter.syncs
+
+
+def test_accumulation_skips_the_all_reduce_on_non_final_micro_batches():
+    # 20 examples per rank: batches 4,4,4,4,4 -> windows (2, 2, 1): syncs on the 2nd, 4th and 5th
+    assert launch(train_counting_syncs, nprocs=2) == [False, True, False, True, True]
+
+
+# ---- metrics over all ranks ----
+
+def validate_ddp(n):
+    x, y = dataset(n, seed=3).tensors
+    valid = DataLoader(TensorDataset(x, y), batch_size=5)
+    learn = Learner(make_model(), loader(dataset(16)), valid, metrics=('accuracy', 'f1', 'mcc', ConfusionMatrix()),
+                    progress=False)
+    with torch.no_grad(): preds = learn.model.module(x)
+    return learn.validate(), preds
+
+
+@pytest.mark.parametrize('n', [30, 31])  # 31: the sampler repeats one example, which must count nowhere
+def test_metrics_on_two_ranks_equal_one_process(n):
+    from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, matthews_corrcoef
+    values, preds = launch(validate_ddp, nprocs=2, args=(n,))
+    _, y = dataset(n, seed=3).tensors
+    labels = preds.argmax(1)
+    assert values['confusion_matrix'].sum() == n
+    assert values['confusion_matrix'].tolist() == confusion_matrix(y, labels, labels=[0, 1, 2]).tolist()
+    assert values['accuracy'] == pytest.approx(accuracy_score(y, labels), abs=1e-12)
+    assert values['f1_macro'] == pytest.approx(f1_score(y, labels, average='macro'), abs=1e-12)
+    assert values['mcc'] == pytest.approx(matthews_corrcoef(y, labels), abs=1e-12)
+    assert values['valid_loss'] == pytest.approx(F.cross_entropy(preds, y).item(), abs=1e-6)
+
+
+def validate_list():
+    x, y = dataset(30, seed=3).tensors
+    batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 30, 8)]  # not a DataLoader: each rank evaluates all of it
+    learn = Learner(make_model(), loader(dataset(16)), batches, metrics=(ConfusionMatrix(),), progress=False)
+    return learn.validate()['confusion_matrix']
+
+
+def test_an_evaluation_iterable_that_is_not_a_loader_is_not_summed_twice():
+    assert launch(validate_list, nprocs=2).sum() == 30
+
+
+# ---- checkpoints ----
+
+def train_bn_and_save(path):
+    learn = Learner(make_model(bn=True), loader(dataset(40)), metrics=(), progress=False)
+    learn.fit(1)
+    model = learn.model.module
+    model.train()
+    with torch.no_grad(): model(dataset(8, seed=10 + rank()).tensors[0])  # each rank's BatchNorm statistics drift apart
+    stats = gather(model[1].running_mean.clone())
+    learn.save(path)  # every rank calls it; rank 0 writes
+    model.eval()
+    with torch.no_grad(): preds = learn.model(dataset(20, seed=7).tensors[0])
+    return stats, preds, model[1].running_mean.clone()
+
+
+def test_checkpoint_under_ddp_loads_into_a_bare_model(tmp_path):
+    path = tmp_path / 'ddp.pt'
+    stats, preds, synced = launch(train_bn_and_save, nprocs=2, args=(path,))
+    assert not torch.allclose(stats[0], stats[1])
+    state = torch.load(path, weights_only=True)['model']
+    assert torch.allclose(state['1.running_mean'], (stats[0] + stats[1]) / 2, atol=1e-6)  # averaged over the ranks
+    assert torch.equal(state['1.running_mean'], synced)
+    bare = make_model(bn=True)
+    bare.load_state_dict(state)  # plain keys: no DDP 'module.' prefix
+    bare.eval()
+    with torch.no_grad(): assert torch.equal(bare(dataset(20, seed=7).tensors[0]), preds)
+
+
+# ---- only rank 0 writes ----
+
+def train_with_writers(folder):
+    from nbtrainer.checkpoint import Checkpointer
+    from nbtrainer.evaluate import SavePredictions
+    from nbtrainer.liveplot import LivePlot
+    from nbtrainer.loggers import CSVLogger, TensorBoardLogger
+    mine = folder / f'rank{rank()}'  # each rank's writers point at its own folder: only rank 0's may appear
+
+    def learner():
+        cbs = [CSVLogger(mine / 'log.csv'), TensorBoardLogger(mine / 'tb', run_name='run'),
+               Checkpointer(folder / 'ckpt', keep_last=1), LivePlot(path=mine / 'live.png'),
+               SavePredictions([0, 1], path=mine / 'preds.pt')]
+        return Learner(make_model(), loader(dataset(40)), DataLoader(dataset(21, seed=3), batch_size=8), cbs=cbs)
+
+    learner().fit(2)
+    learn = learner()
+    learn.fit(3, resume=True)  # every rank reads rank 0's last checkpoint and trains the third epoch
+    listening = sorted(type(cb).__name__ for cb, _ in learn._dispatch['after_fit'])
+    return gather((listening, learn.step, learn.recorder.history[-1]['accuracy']))
+
+
+def test_only_rank_0_writes_files(tmp_path):
+    per_rank = launch(train_with_writers, nprocs=2, args=(tmp_path,))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['ckpt', 'rank0']  # nothing from rank 1's writers
+    written = {p.relative_to(tmp_path / 'rank0').parts[0] for p in (tmp_path / 'rank0').rglob('*') if p.is_file()}
+    assert written == {'log.csv', 'tb', 'live.png', 'preds.pt'}
+    kept = sorted(p.name for p in (tmp_path / 'ckpt').iterdir())
+    assert 'epoch-2.pt' in kept and not [n for n in kept if n.startswith('.')]  # rank 0's checkpoints, no leftovers
+    (cbs0, step0, acc0), (cbs1, step1, acc1) = per_rank
+    assert step0 == step1 == 15 and acc0 == acc1  # the same decisions and the same global metrics
+    assert {'CSVLogger', 'LivePlot', 'ProgressCallback', 'TensorBoardLogger'} <= set(cbs0)
+    assert not {'CSVLogger', 'LivePlot', 'ProgressCallback', 'TensorBoardLogger'} & set(cbs1)
+
+
+# ---- stopping every rank together ----
+
+class StopAt(Callback):
+    def __init__(self, step): self.step = step
+    def after_step(self):
+        if rank() == 0 and self.learn.step == self.step: request_stop(self.learn)  # e.g. a dashboard's Stop button
+
+
+def train_until_stopped():
+    learn = Learner(make_model(), loader(dataset(200)), metrics=(), progress=False, cbs=[StopAt(5)])
+    learn.fit(3)
+    return gather(learn.step)
+
+
+def test_a_stop_on_rank_0_ends_every_rank_at_the_same_batch():
+    assert launch(train_until_stopped, nprocs=2) == [16, 16]  # requested at step 5, seen at the next check (every 16)
+
+
+def train_into_nan():
+    x, y = dataset(200).tensors
+    if rank() == 1: x[60:] = float('nan')  # only rank 1's data goes bad, late in its shard
+    learn = Learner(make_model(), DataLoader(TensorDataset(x, y), batch_size=B), metrics=(), progress=rank() == 0)
+    try:
+        learn.fit(2)
+        outcome = 'finished'
+    except NonFiniteLossError as e: outcome = type(e).__name__
+    return gather((outcome, learn.step))
+
+
+def test_a_nan_on_one_rank_stops_every_rank_cleanly():
+    (a, step0), (b, step1) = launch(train_into_nan, nprocs=2)
+    # the Recorder reads the losses at the end of the epoch (or every 256 batches, or when rank 0's bar refreshes);
+    # then every rank stops at the same batch, instead of training on into the second epoch
+    assert a == b == 'NonFiniteLossError' and step0 == step1 <= 25
+
+
+def train_skipping_nan():
+    x, y = dataset(64).tensors
+    if rank() == 1: x[9] = float('nan')  # rank 1's 3rd batch
+    learn = Learner(make_model(), DataLoader(TensorDataset(x, y), batch_size=B), opt_func=torch.optim.SGD, metrics=(),
+                    progress=False, skip_nonfinite=True)
+    learn.fit(2)
+    skipped = [cb.skipped for cb in learn.cbs if hasattr(cb, 'skipped')]
+    return gather((learn.step, skipped, torch.isfinite(learn.model.module[0].weight).all().item()))
+
+
+def test_skip_nonfinite_skips_the_batch_on_every_rank():
+    # a rank that skipped alone would leave the other waiting in the all-reduce
+    assert launch(train_skipping_nan, nprocs=2, timeout=60) == [(14, [2], True)] * 2  # 8 batches per epoch, one skipped
+
+
+# ---- seeds ----
+
+def seeds(_):
+    torch.manual_seed(0)
+    model = make_model()
+    init = torch.cat([p.detach().flatten() for p in model.parameters()])
+    ds = TensorDataset(torch.arange(8.))
+    workers = DataLoader(ds, batch_size=4, num_workers=1, worker_init_fn=None)
+    Learner(model, workers, metrics=(), progress=False)
+    augmentation = torch.rand(3)
+    worker_seed = next(iter(DataLoader(WorkerSeed(), batch_size=1, num_workers=1)))
+    return gather((init, augmentation, worker_seed))
+
+
+class WorkerSeed(torch.utils.data.Dataset):
+    def __len__(self): return 1
+    def __getitem__(self, i): return torch.utils.data.get_worker_info().seed
+
+
+def test_seed_policy_same_model_init_distinct_augmentation_and_workers():
+    (init0, aug0, w0), (init1, aug1, w1) = launch(seeds, nprocs=2, args=(None,))
+    assert torch.equal(init0, init1)           # the same seed for model initialisation
+    assert not torch.equal(aug0, aug1)         # rank-distinct streams for augmentation
+    assert not torch.equal(w0, w1)             # and for loader workers
+    (again0, aug0b, _), _ = launch(seeds, nprocs=2, args=(None,))
+    assert torch.equal(aug0, aug0b)            # reproducible
+
+
+# ---- failures ----
+
+def killed_mid_fit():
+    class Die(Callback):
+        def after_batch(self):
+            if rank() == 1 and self.learn.iter == 3: os.kill(os.getpid(), signal.SIGKILL)
+    learn = Learner(make_model(), loader(dataset(4000)), metrics=(), progress=False, cbs=[Die()])
+    learn.fit(100)
+
+
+def test_launch_stops_the_survivors_when_a_rank_dies():
+    start = time.time()
+    with pytest.raises(RuntimeError, match='rank 1 exited with code -9'):
+        launch(killed_mid_fit, nprocs=2, timeout=60)
+    assert time.time() - start < 60
+
+
+def test_a_killed_rank_makes_the_other_fail_within_the_timeout(tmp_path):
+    "No launch() watchdog here: the survivor itself must notice, as under torchrun."
+    env = {**os.environ, 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(_free_port()), 'WORLD_SIZE': '2',
+           'NBTRAINER_DIST_TIMEOUT': '30', 'OMP_NUM_THREADS': '1'}
+    worker = [sys.executable, str(ROOT / 'tests' / 'ddp_worker.py'), str(tmp_path)]
+    procs = [subprocess.Popen(worker, env={**env, 'RANK': str(r), 'LOCAL_RANK': str(r)}, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    try:
+        deadline = time.time() + 120
+        while not (tmp_path / 'started-1').exists():  # rank 1 is training
+            assert time.time() < deadline and procs[0].poll() is None
+            time.sleep(0.05)
+        procs[1].send_signal(signal.SIGKILL)
+        killed = time.time()
+        code = procs[0].wait(timeout=90)
+        assert code != 0 and time.time() - killed < 45  # the timeout is 30 s; a closed socket is usually noticed at once
+        assert 'Error' in procs[0].stderr.read()
+    finally:
+        for p in procs:
+            if p.poll() is None: p.kill()
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+# ---- launch() from a notebook ----
+
+def test_launch_from_a_notebook_run_by_nbclient(tmp_path, monkeypatch):
+    monkeypatch.setenv('PYTHONPATH', os.pathsep.join([str(ROOT), *filter(None, [os.environ.get('PYTHONPATH')])]))  # the kernel imports this checkout
+    import nbformat
+    from nbclient import NotebookClient
+    cells = ['import torch\nfrom nbtrainer.distributed import launch, rank, world_size',
+             # defined in the notebook's __main__: fork makes it available to the workers
+             'def train(n):\n    print(f"rank {rank()} of {world_size()} says hello")\n    return rank() * 10 + n',
+             'result = launch(train, nprocs=2, args=(7,))\nassert result == 7\nprint("result", result)']
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'python3', 'language': 'python'}
+    NotebookClient(nb, timeout=180, kernel_name='python3', resources={'metadata': {'path': str(tmp_path)}}).execute()
+    text = ''.join(o.get('text', '') for o in nb.cells[2].outputs if o.output_type == 'stream')
+    assert 'rank 0 of 2 says hello' in text and 'result 7' in text
+    assert 'rank 1' not in text  # only rank 0's output is streamed into the cell
+
+
+def sync_bn_on_cpu():
+    try: Learner(make_model(bn=True), loader(dataset(8)), progress=False, sync_bn=True)
+    except ValueError as e: return str(e)
+
+
+def lr_find_under_ddp():
+    try: Learner(make_model(), loader(dataset(8)), progress=False).lr_find(show=False)
+    except NotImplementedError as e: return str(e)
+
+
+def test_lr_find_under_ddp_says_to_use_one_process():
+    assert 'one process' in launch(lr_find_under_ddp, nprocs=2)
+
+
+def test_sync_bn_on_the_cpu_says_it_needs_gpus():
+    assert 'needs GPUs' in launch(sync_bn_on_cpu, nprocs=2)
+
+
+def test_launch_with_spawn_sends_the_function_by_value():
+    pytest.importorskip('cloudpickle')
+    local = lambda n: (rank(), world_size(), n)  # not importable by a spawned child: cloudpickle sends it by value
+    assert launch(local, nprocs=2, args=(5,), start_method='spawn') == (0, 2, 5)
+
+
+def test_package_level_launch_and_light_import():
+    import nbtrainer
+    assert nbtrainer.launch is launch
+    script = ('import sys, torch; before = set(sys.modules); import nbtrainer.distributed; '
+              'print(" ".join(set(sys.modules) - before))')
+    loaded = set(subprocess.check_output([sys.executable, '-c', script], text=True).split())
+    assert not [m for m in ('matplotlib', 'ipywidgets', 'tqdm.auto', 'tensorboard', 'IPython') if m in loaded]
+
+
+def test_the_same_script_under_torchrun_and_plain_python(tmp_path):
+    worker = [str(ROOT / 'tests' / 'ddp_worker.py'), '--short']
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    subprocess.run([sys.executable, *worker[:1], str(tmp_path / 'one'), *worker[1:]], check=True, timeout=120, env=env)
+    subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node=2', '--master-port', str(_free_port()),
+                    worker[0], str(tmp_path / 'two'), *worker[1:]], check=True, timeout=180, env=env)
+    one, two = (torch.load(tmp_path / d / 'final.pt', weights_only=True) for d in ('one', 'two'))
+    assert one['step'] == two['step'] == 12  # 44 examples: global batches 8, 8, 8, 8, 8, 4 per epoch
+    assert max((one['model'][k] - two['model'][k]).abs().max().item() for k in one['model']) < 1e-6
