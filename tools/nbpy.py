@@ -3,10 +3,11 @@
     python tools/nbpy.py to-py nbs/00_core.ipynb  > /tmp/00_core.py
     python tools/nbpy.py to-nb /tmp/00_core.py nbs/00_core.ipynb
 
+Writing over an existing notebook keeps its cell ids for unchanged and edited cells.
 In the text form a line `# %% [markdown]` starts a markdown cell and `# %%` a code cell;
 markdown lines are written as they are, not commented. Outputs are dropped: run `nbdev-clean` after.
 """
-import sys
+import os, sys
 import nbformat
 
 MD, CODE = '# %% [markdown]', '# %%'
@@ -38,11 +39,29 @@ def to_nb(text):
     return nb
 
 
+def keep_ids(nb, old):
+    "Give cells their old ids: unchanged cells by their text, edited ones by position, so diffs and merges stay small."
+    ids = {}
+    for c in old.cells: ids.setdefault((c.cell_type, c.source), []).append(c.id)
+    used = set()
+    for c in nb.cells:
+        same = ids.get((c.cell_type, c.source))
+        if same:
+            c.id = same.pop(0)
+            used.add(c.id)
+    for c, o in zip(nb.cells, old.cells):  # other text at the same place: an edited cell
+        if c.id not in used and o.id not in used and c.cell_type == o.cell_type:
+            c.id = o.id
+            used.add(o.id)
+
+
 if __name__ == '__main__':
     cmd, src = sys.argv[1], sys.argv[2]
     if cmd == 'to-py':
         sys.stdout.write(to_py(src))
     elif cmd == 'to-nb':
-        nbformat.write(to_nb(open(src).read()), sys.argv[3])
+        nb, dest = to_nb(open(src).read()), sys.argv[3]
+        if os.path.exists(dest): keep_ids(nb, nbformat.read(dest, as_version=4))
+        nbformat.write(nb, dest)
     else:
         sys.exit(__doc__)
