@@ -1,10 +1,11 @@
 """End to end in a real frontend: JupyterLab on loopback, driven in Debian's headless Chromium by Playwright.
 
 A notebook trains with `await learn.fit_async(...)`. The test checks that the dashboard renders (bars, buttons, figure)
-and that its figure changes during the fit, clicks Stop and checks the fit ended early with `after_fit` run, then moves
-the LR finder's slider, clicks "Use this LR" and checks in the kernel that `learn.lr` changed. Screenshots go to
+and that its figure changes during the fit; sets an LR, saves, pauses and resumes; clicks Stop and checks that the fit
+ended early with `after_fit` run and each request applied; then moves the LR finder's slider, clicks "Use this LR" and
+checks in the kernel that `learn.lr` changed. Screenshots go to
 `test-artifacts/ui/`. Recipe and pitfalls: the UI-testing notes (kernel readiness, selectors scoped to outputs)."""
-import json, math, os, shutil, socket, subprocess, sys, time, urllib.request
+import json, os, shutil, socket, subprocess, sys, time, urllib.request
 
 import nbformat
 import pytest
@@ -20,6 +21,7 @@ CELLS = [
     '''import time, torch, torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 from nbtrainer.core import Learner, Callback
+from nbtrainer.control import Controls
 
 class SlowMLP(nn.Module):
     "A small model slowed to about 25 ms a batch: a fit long enough to watch and click."
@@ -37,9 +39,11 @@ ended = []
 torch.manual_seed(0)
 x = torch.randn(640, 8); y = (x[:, 0] > 0).long()
 dl = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
-learn = Learner(SlowMLP(), dl, dl, lr=0.05, cbs=[NoteEnd()])''',
+controls = Controls(save_dir='ckpt')
+learn = Learner(SlowMLP(), dl, dl, lr=0.05, cbs=[NoteEnd(), controls])''',
     'await learn.fit_async(100)  # 4000 steps planned: Stop is clicked long before',
     "print('FIT DONE', learn.step, ended[-1][0], repr(ended[-1][1]))",
+    "import os; print('CONTROLS', [a for _, a, _ in controls.log], learn.recorder.batches['lr'][-1], os.listdir('ckpt'))",
     "result = learn.lr_find(num_it=40)",
     "print('LR NOW', learn.lr)",
     "print('ALL CELLS DONE')",
@@ -130,6 +134,19 @@ def test_dashboard_controls_and_lr_finder_in_jupyterlab(lab):
             assert len(frames) >= 2, 'the live figure did not change during the fit'
             assert not stop.is_disabled()
 
+            # LR, Save, Pause / Resume: each takes effect at a batch boundary of the running fit.
+            lr_box = page.locator('.nbtrainer-dashboard input[type="number"]')
+            lr_box.fill('0.01')
+            lr_box.press('Enter')
+            page.locator('.nbtrainer-dashboard .widget-button:has-text("Set LR")').click()
+            page.locator('.nbtrainer-dashboard .widget-button:has-text("Save")').click()
+            page.locator('.nbtrainer-dashboard .widget-button:has-text("Pause")').click()
+            page.wait_for_selector('.nbtrainer-dashboard .widget-button:has-text("Resume")', timeout=10_000)
+            page.wait_for_timeout(1500)
+            page.screenshot(path=str(ARTIFACTS / 'dashboard-paused.png'), full_page=True)
+            page.locator('.nbtrainer-dashboard .widget-button:has-text("Resume")').click()
+            page.wait_for_timeout(500)
+
             clicked = time.time()
             stop.click()
             page.wait_for_selector(output('FIT DONE'), timeout=60_000)
@@ -141,15 +158,18 @@ def test_dashboard_controls_and_lr_finder_in_jupyterlab(lab):
             summary = page.locator(output('stopped by the Stop button'))
             assert summary.count() == 1 and summary.locator('img').count() == 1  # the static summary replaced it
             page.screenshot(path=str(ARTIFACTS / 'dashboard-stopped.png'), full_page=True)
+            page.wait_for_selector(output('CONTROLS'), timeout=30_000)
+            controls_text = page.locator(output('CONTROLS')).inner_text()
+            lap(controls_text.strip())
+            assert "['lr', 'save', 'pause', 'resume', 'stop'] 0.01 ['manual-step" in controls_text
 
             # The LR finder: move the slider by typing into its readout, click "Use this LR", ask the kernel.
             page.wait_for_selector(output('ALL CELLS DONE'), timeout=120_000)
             before = float(page.locator(output('LR NOW')).inner_text().split()[-1])
-            readout = page.locator('.jp-OutputArea-output .widget-readout').first
-            readout.click()
-            page.keyboard.press('Control+A')
-            page.keyboard.type('1.00e-5')
-            page.keyboard.press('Enter')
+            page.locator('.jp-OutputArea-output .widget-hslider .noUi-handle').first.focus()
+            page.keyboard.press('Home')  # the slider's lowest tested lr
+            page.wait_for_timeout(500)
+            chosen = float(page.locator('.jp-OutputArea-output .widget-readout').first.inner_text())
             page.locator('.jp-OutputArea-output .widget-button:has-text("Use this LR")').click()
             page.wait_for_selector('.widget-label:has-text("now learn.lr")', timeout=30_000)
             lr_cell = page.locator('.jp-CodeCell:has(.jp-InputArea-editor:has-text("print(\'LR NOW\'"))')
@@ -160,7 +180,7 @@ def test_dashboard_controls_and_lr_finder_in_jupyterlab(lab):
                                    timeout=30_000)
             after = float(page.locator(output('LR NOW')).inner_text().split()[-1])
             lap(f'LR finder: learn.lr {before} -> {after}')
-            assert after != before and abs(math.log10(after) + 5) < 0.1  # the slider's value (it snaps to its steps)
+            assert after != before and abs(after - chosen) <= 0.01 * chosen  # the slider's value (its readout is rounded)
             page.screenshot(path=str(ARTIFACTS / 'lr-finder.png'), full_page=True)
             (ARTIFACTS / 'measurements.json').write_text(json.dumps(
                 {'stop_click_to_after_fit_s': latency, 'stopped_at_step': int(step), 'figure_frames_seen': len(frames),
