@@ -108,8 +108,8 @@ class LivePlot(Callback):
 
     def _x_max(self):
         if self.x_max is not None: return self.x_max
-        learn = self.learn
-        return learn.fit_start[1] + learn.n_steps if getattr(learn, 'n_steps', None) else None
+        planned = self.learn.planned_steps
+        return self.learn.fit_start[1] + planned if planned else None
 
     def _draw(self):
         from matplotlib.figure import Figure  # lazy: no matplotlib until a fit draws

@@ -111,16 +111,13 @@ class Schedule:
     def __repr__(self): return f'Schedule({", ".join(map(repr, self.segments))})'
 
 # %% ../nbs/12_schedule.ipynb #1aa2ae2b
-def _is_accumulation(cb): return any(c.__name__ == 'GradientAccumulation' for c in type(cb).__mro__)
-
 def _fit_total(learn):
     "The optimizer steps the current fit takes: `steps`, or epochs × steps per epoch under gradient accumulation."
-    if learn.n_epochs is None: return learn.n_steps  # fit(steps=N) counts optimizer steps
-    if not hasattr(learn.train_dl, '__len__'):
+    total = learn.planned_steps
+    if total is None:
         raise ValueError('a schedule needs the length of the fit, but train_dl has no len(): '
                          'use fit(steps=N), or give the loader a __len__')
-    n = next((cb.n for cb in learn.cbs if _is_accumulation(cb)), 1)
-    return learn.n_epochs * math.ceil(len(learn.train_dl) / n)
+    return total
 
 def _group_key(name, group):
     "The param-group key a schedule name writes, or None if the group has none."
