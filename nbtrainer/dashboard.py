@@ -43,8 +43,8 @@ class _Plot(LivePlot):
         super().show(png)
 
 # %% ../nbs/17_dashboard.ipynb #4dea96df
-_HINT = ('Buttons work with `await learn.fit_async(...)`: a plain `fit` keeps the kernel busy until it ends. '
-         'To stop this fit, interrupt the kernel.')
+_HINT = ('Buttons work with <code>await learn.fit_async(...)</code>: a plain <code>fit</code> keeps the kernel busy '
+         'until it ends. To stop this fit, interrupt the kernel.')
 
 def _table_html(rows):
     "History rows as a small HTML table, numbers formatted as in the console rows."
@@ -87,7 +87,7 @@ class Dashboard(Callback):
         self.lr_box = W.FloatText(value=learn.lr, description='LR', layout=W.Layout(width='170px'))
         self.lr_button = W.Button(description='Set LR', tooltip='use this learning rate from the next step')
         self.status = W.Label()
-        self.hint = W.HTML() if self.live else W.HTML(f'<i>{html.escape(_HINT)}</i>')
+        self.hint = W.HTML() if self.live else W.HTML(f'<i>{_HINT}</i>')
         buttons = (self.stop_button, self.pause_button, self.save_button, self.lr_box, self.lr_button)
         for b in buttons: b.disabled = not self.live
         if self.live:
