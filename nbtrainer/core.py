@@ -422,12 +422,16 @@ class Learner:
         return await fit_in_thread(self, *args, **kwargs)
 
     @property
+    def accumulate_window(self):
+        "Micro-batches per optimizer step: the `GradientAccumulation` window, or 1."
+        return next((cb.n for cb in self.cbs if any(c.__name__ == 'GradientAccumulation' for c in type(cb).__mro__)), 1)
+
+    @property
     def planned_steps(self):
         "Optimizer steps the current fit takes (epochs × steps per epoch under gradient accumulation); None if unknown."
         if self.n_epochs is None: return self.n_steps  # fit(steps=N) counts optimizer steps
         if not hasattr(self.train_dl, '__len__'): return None
-        window = next((cb.n for cb in self.cbs if any(c.__name__ == 'GradientAccumulation' for c in type(cb).__mro__)), 1)
-        return self.n_epochs * math.ceil(len(self.train_dl) / window)
+        return self.n_epochs * math.ceil(len(self.train_dl) / self.accumulate_window)  # a partial window steps too
 
     # ---- evaluation ----
     def _evaluate(self):

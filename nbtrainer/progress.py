@@ -57,15 +57,16 @@ class ProgressCallback(Callback):
     def before_fit(self):
         learn = self.learn
         self._header_done = False
-        n_batches = len(learn.train_dl) if hasattr(learn.train_dl, '__len__') else None
-        epochs = learn.n_epochs or (math.ceil(learn.n_steps / n_batches) if learn.n_steps and n_batches else None)
+        n_batches, window = (len(learn.train_dl) if hasattr(learn.train_dl, '__len__') else None), learn.accumulate_window
+        steps_per_epoch = math.ceil(n_batches / window) if n_batches else None  # an epoch's last, partial window steps
+        epochs = learn.n_epochs or (math.ceil(learn.n_steps / steps_per_epoch) if learn.n_steps and n_batches else None)
         self.epoch_bar = self._bar(total=epochs, initial=learn.epoch - learn.fit_start[0], desc='epoch', unit='epoch', position=0)
 
     def before_train(self):
         learn = self.learn
         total = len(learn.train_dl) if hasattr(learn.train_dl, '__len__') else None
         if learn.n_epochs is None and learn.n_steps is not None and total is not None:
-            total = min(total, learn._end_step - learn.step)  # last epoch of a steps= fit
+            total = min(total, (learn._end_step - learn.step) * learn.accumulate_window)  # last epoch of a steps= fit
         self.batch_bar = self._bar(total=total, desc='train', unit='batch', leave=False, position=1)
         self._pending, self._last = 0, time.perf_counter()
 
