@@ -59,8 +59,6 @@ class Controls(Callback):
 
     @property
     def paused(self): return not self._running.is_set()
-    @property
-    def stopping(self): return self._stop.is_set()
 
     # ---- applied by the training thread ----
     def before_fit(self): self._reset()

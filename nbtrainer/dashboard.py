@@ -166,7 +166,8 @@ class Dashboard(Callback):
     def _summary(self):
         learn = self.learn
         stopped = self.controls is not None and any(a == 'stop' for _, a, _ in self.controls.log[self._log_start:])
-        planned = f' of {learn.fit_start[1] + learn.planned_steps}' if learn.planned_steps else ''
+        steps = learn.planned_steps
+        planned = f' of {learn.fit_start[1] + steps}' if steps else ''
         how = f'stopped by the Stop button at step {learn.step}{planned}' if stopped else f'ended at step {learn.step}{planned}'
         took = f', {self.rows[-1]["time"]:.1f} s' if self.rows and 'time' in self.rows[-1] else ''
         return f'Fit {how} (epoch {learn.epoch}{took}).'
