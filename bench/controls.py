@@ -15,8 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from overhead import default_learner, hand_written_epoch, make_batches, make_model, paired_ratios, summary
-from nbtrainer.control import Controls
-from nbtrainer.core import Callback
+from nbtrainer import Callback, Controls
 
 
 class StopClock(Callback):

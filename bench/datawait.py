@@ -12,7 +12,7 @@ import argparse, statistics, time, warnings
 import torch
 
 from overhead import default_learner, make_batches, make_model, paired_ratios, summary
-from nbtrainer.diagnose import DataWait
+from nbtrainer import DataWait
 
 
 def own_cost(data_wait, n=200_000):

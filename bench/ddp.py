@@ -24,8 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from nbtrainer.core import Callback, Learner
-from nbtrainer.distributed import launch, world_size
+from nbtrainer import Callback, Learner, launch, world_size
 
 N = 60_000
 

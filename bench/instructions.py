@@ -15,7 +15,7 @@ def child(mode, steps):
     import torch
     sys.path.insert(0, os.path.dirname(__file__))
     import overhead as ov
-    from nbtrainer.core import Learner
+    from nbtrainer import Learner
     torch.set_num_threads(1)
     train, valid = ov.make_batches(steps), ov.make_batches(max(1, steps // 5), seed=1)
     model = ov.make_model()
@@ -24,8 +24,7 @@ def child(mode, steps):
         return
     learn = Learner(model, train, valid, opt_func=torch.optim.Adam, lr=1e-3, metrics=('accuracy',), progress=False)
     if mode == 'logging':  # CSV, TensorBoard and a checkpoint at the epoch's end
-        from nbtrainer.checkpoint import Checkpointer
-        from nbtrainer.loggers import CSVLogger, TensorBoardLogger
+        from nbtrainer import Checkpointer, CSVLogger, TensorBoardLogger
         out = tempfile.mkdtemp()
         learn.add_cbs([CSVLogger(f'{out}/log.csv'), TensorBoardLogger(f'{out}/tb'), Checkpointer(f'{out}/ckpt', keep_best=0)])
     learn.fit(1)

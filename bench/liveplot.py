@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from overhead import default_learner, make_batches, make_model
-from nbtrainer.liveplot import LivePlot
+from nbtrainer import LivePlot
 
 
 def main():

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from nbtrainer.core import Learner
+from nbtrainer import Learner
 
 
 def make_model():
@@ -59,8 +59,7 @@ def default_learner(model, train, valid):
 
 def logging_learner(model, train, valid):
     "Defaults plus a CSV log, TensorBoard and a checkpoint every epoch: the issue's 'mechanics' run."
-    from nbtrainer.checkpoint import Checkpointer
-    from nbtrainer.loggers import CSVLogger, TensorBoardLogger
+    from nbtrainer import Checkpointer, CSVLogger, TensorBoardLogger
     out = Path(tempfile.mkdtemp())
     learn = default_learner(model, train, valid)
     learn.add_cbs([CSVLogger(out / 'log.csv'), TensorBoardLogger(out / 'tb'), Checkpointer(out / 'ckpt', keep_best=0)])

@@ -12,7 +12,7 @@ import json, platform, resource, subprocess, sys, time
 
 def child(precision):
     import torch, torch.nn as nn
-    from nbtrainer.core import Learner
+    from nbtrainer import Learner
     torch.set_num_threads(1)
     torch.manual_seed(0)
     batches = [(torch.randn(512, 784), torch.randint(0, 10, (512,))) for _ in range(45)]

@@ -7,7 +7,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/distributed.html.md"""
 # %% auto #0
 __all__ = ['DEFAULT_TIMEOUT', 'is_distributed', 'rank', 'world_size', 'is_main_process', 'init_distributed', 'barrier',
            'broadcast_object', 'rank_seed', 'seed_rank_streams', 'shard_loader', 'padded_position', 'global_batch_size',
-           'per_rank_examples', 'sync_metrics', 'sync_batchnorm_stats', 'request_stop', 'DistributedTrainer', 'launch']
+           'sync_metrics', 'sync_batchnorm_stats', 'request_stop', 'DistributedTrainer', 'launch']
 
 # %% ../nbs/15_distributed.ipynb #55073010
 import codecs, datetime, inspect, io, os, pickle, random, select, socket, sys, time, warnings, weakref
@@ -19,7 +19,9 @@ import multiprocessing as mp
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
-from .core import Callback, CancelFitException, NonFiniteLossError, batch_size
+from .callback import Callback, CancelFitException, NonFiniteLossError, Order
+from .core import Learner
+from .data import batch_size
 
 # %% ../nbs/15_distributed.ipynb #34a93be5
 DEFAULT_TIMEOUT = float(os.environ.get('NBTRAINER_DIST_TIMEOUT', 300))  # seconds a collective may wait for a peer
@@ -115,15 +117,6 @@ def global_batch_size(dl, i):
     start, end = i * per_rank * world, min((i + 1) * per_rank, s.num_samples) * world  # batch i's positions, all ranks
     return max(0, min(end, real) - start)
 
-def per_rank_examples(learn, examples):
-    "A step's example count over all ranks, divided by the world size: what DDP's averaged gradients of summed losses divide by."
-    trainer = next(cb for cb in learn.cbs if isinstance(cb, DistributedTrainer))
-    known, trainer.window = trainer.window, 0
-    if known is not None: return known / trainer.world  # counted from the sampler: no communication
-    total = torch.as_tensor(examples, dtype=torch.float32, device=learn.device).reshape(1).clone()
-    dist.all_reduce(total)  # weighted or unsized batches: one scalar all-reduce, on the device (no host sync)
-    return total[0] / trainer.world
-
 # %% ../nbs/15_distributed.ipynb #e416cf2e
 def _state_leaves(metric, out):
     "(owner, attribute) of every state a metric declares in `states`, nested metrics included."
@@ -176,11 +169,10 @@ class _SyncAtEnd:
 
 # %% ../nbs/15_distributed.ipynb #e7e4f039
 def sync_batchnorm_stats(model):
-    "Average BatchNorm running means and variances over the ranks, in place (SyncBatchNorm layers are in sync already)."
+    "Average the running means and variances of BatchNorm-like layers over the ranks, in place (SyncBatchNorm's agree already)."
     if not is_distributed(): return
-    buffers = [b for m in model.modules()
-               if isinstance(m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, nn.SyncBatchNorm) and m.track_running_stats
-               for b in (m.running_mean, m.running_var) if b is not None]
+    buffers = [b for m in model.modules() if getattr(m, 'track_running_stats', False) and not isinstance(m, nn.SyncBatchNorm)
+               for b in (getattr(m, 'running_mean', None), getattr(m, 'running_var', None)) if isinstance(b, torch.Tensor)]
     if not buffers: return
     flat = torch.cat([b.detach().double().reshape(-1) for b in buffers])
     dist.all_reduce(flat)
@@ -202,8 +194,8 @@ def request_stop(learn):
     learn.stop_requested = True  # DistributedTrainer reads it at the next check
 
 class DistributedTrainer(Callback):
-    "DDP for a Learner: wraps the model, shards loaders, masks sampler padding, syncs metrics and stops all ranks together."
-    order = 0  # after GradientAccumulation (-5) has set learn.accumulating in before_batch
+    "DDP for a Learner: wraps the model, shards loaders, masks sampler padding, counts the global batch, syncs metrics and stops all ranks together."
+    order = Order.DEFAULT
 
     def __init__(self, sync_bn=False, check_every=16):
         if not (isinstance(check_every, int) and check_every > 0): raise ValueError(f'check_every must be an int > 0, got {check_every!r}')
@@ -228,11 +220,13 @@ class DistributedTrainer(Callback):
     def before_fit(self):
         learn = self.learn
         learn.stop_requested, learn.recorder.nonfinite, self._since_check = False, None, 0
-        self.window = 0  # the global example count of the current accumulation window, while the sampler tells it
+        self._unsynced = False  # gradients accumulated under no_sync that no synced backward has averaged yet
 
     def before_train(self):
-        sampler = getattr(self.learn.train_dl, 'sampler', None)
+        dl = self.learn.train_dl
+        sampler = getattr(dl, 'sampler', None)
         if hasattr(sampler, 'set_epoch'): sampler.set_epoch(self.learn.epoch)  # a new shuffle each epoch, the same on all ranks
+        self._global_sizes = global_batch_size(dl, 0) is not None  # the sampler tells each batch's global count
 
     def before_validate(self):
         learn = self.learn
@@ -246,19 +240,42 @@ class DistributedTrainer(Callback):
 
     def before_batch(self):
         learn = self.learn
-        if learn.training:
-            learn.model.require_backward_grad_sync = not learn.accumulating  # no_sync inside a window
-            # weighted batches are counted by an all-reduce instead
-            self._count = global_batch_size(learn.train_dl, learn.iter) if learn.weights is None else None
+        user_weights = learn.weights is not None  # the user's own weights: only an all-reduce can count them
         pad = self.train_pad if learn.training else self.valid_pad
         if pad is not None and learn.iter == pad[0]:  # the example the sampler repeated: weight 0, counted nowhere
             n = batch_size(learn.yb if learn.yb is not None else learn.xb)
             w = torch.ones(n, device=learn.device) if learn.weights is None else learn.weights.clone()
             w[pad[1]] = 0
             learn.weights, learn.bs = w, w.sum()
+        if learn.training: self._count_global(self._global_sizes and not user_weights)
 
-    def before_backward(self):  # a batch cancelled before its backward adds nothing, as in GradientAccumulation
-        self.window = None if self._count is None or self.window is None else self.window + self._count
+    def _count_global(self, counted):
+        "Make the step's and the batch's example counts global, divided by the world size: DDP averages the ranks' gradients."
+        learn, dl = self.learn, self.learn.train_dl
+        learn.model.require_backward_grad_sync = not learn.accumulating  # no_sync inside a window
+        if counted:  # from the sampler: no communication
+            learn.batch_examples = global_batch_size(dl, learn.iter) / self.world
+            if learn.window_batch == 0:
+                learn.step_examples = sum(global_batch_size(dl, i) for i in range(learn.iter, learn.iter + learn.window_size)) / self.world
+            return
+        total = torch.as_tensor(learn.bs, dtype=torch.float32, device=learn.device).reshape(1).clone()
+        dist.all_reduce(total)  # one scalar per micro-batch, on the device: no host sync
+        learn.batch_examples = total[0] / self.world
+        if learn.window_size == 1: learn.step_examples = learn.batch_examples  # exact; longer windows are corrected at the step
+
+    def after_backward(self): self._unsynced = self.learn.accumulating
+
+    def before_step(self):
+        "A window whose last micro-batch never reached backward (cancelled, or a loader without a length): average by hand."
+        if not self._unsynced: return
+        grads = [p.grad for p in self.learn.model.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= self.world
+        for g in grads:
+            g.copy_(flat[:g.numel()].view_as(g))
+            flat = flat[g.numel():]
+        self._unsynced = False
 
     def after_batch(self):
         if not self.learn.training: return
@@ -270,6 +287,7 @@ class DistributedTrainer(Callback):
     def _check_stop(self):
         "Every rank learns whether any rank asked to stop or saw a non-finite loss: one tiny all-reduce."
         learn, self._since_check = self.learn, 0
+        learn.recorder.flush()  # its NaN check: the host read happens now anyway
         flags = torch.tensor([bool(getattr(learn, 'stop_requested', False)), learn.recorder.nonfinite is not None],
                              dtype=torch.int32, device=learn.device)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
@@ -278,6 +296,9 @@ class DistributedTrainer(Callback):
             raise learn.recorder.nonfinite or NonFiniteLossError(
                 'the training loss became non-finite on another rank: training stopped on every rank.')
         if stop: raise CancelFitException()
+
+# %% ../nbs/15_distributed.ipynb #d4a75ff5
+Learner.distributed_factory = lambda sync_bn: DistributedTrainer(sync_bn=sync_bn)  # what the Learner adds under DDP
 
 # %% ../nbs/15_distributed.ipynb #6212ae61
 _CUDA_ERROR = ('CUDA was initialised in this kernel before launch(): worker processes forked from it cannot use CUDA. '

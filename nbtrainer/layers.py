@@ -25,6 +25,8 @@ def _chunk_sizes(n, size):
 # %% ../nbs/11_layers.ipynb #2fa669aa
 class GhostBatchNorm(nn.Module):
     "Batch norm that normalises each virtual batch of `virtual_batch_size` examples with its own statistics."
+    track_running_stats = True  # keeps running statistics, like BatchNorm: DDP averages them over the ranks too
+
     def __init__(self, num_features, virtual_batch_size, eps=1e-5, momentum=0.1, affine=True):
         super().__init__()
         if virtual_batch_size < 1: raise ValueError(f'virtual_batch_size must be >= 1, got {virtual_batch_size}')

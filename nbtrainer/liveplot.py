@@ -11,7 +11,7 @@ __all__ = ['Frames', 'LivePlot']
 import io, math, time
 from pathlib import Path
 
-from .core import Callback
+from .callback import Callback, Order
 from .progress import in_jupyter
 
 # %% ../nbs/14_liveplot.ipynb #0ae36624
@@ -45,8 +45,9 @@ class Frames:
 # %% ../nbs/14_liveplot.ipynb #841b5480
 class LivePlot(Callback):
     "Redraw the recorder's curves in place during `fit`: throttled to `every` s and at most `max_share` of the fit's time."
-    order = 60  # after the Recorder (which must have written the evaluation's row) and the progress bars
-    main_process_only = True  # under DDP, rank 0 alone draws and writes
+    order = Order.DISPLAY + 10  # after the progress bars: the frame's cost does not delay them
+    run_valid = False  # it redraws between training batches
+    side_effects = main_process_only = True  # it draws; under DDP rank 0 alone does
 
     def __init__(self, every=1.0, path=None, max_share=0.02, x_max=None, dpi=80):
         if not max_share > 0: raise ValueError(f'max_share must be > 0, got {max_share!r}')
@@ -86,10 +87,9 @@ class LivePlot(Callback):
         return elapsed * (x_max - learn.fit_start[1]) / done if x_max and done > 0 else elapsed
 
     def after_batch(self):
-        if self.learn.training and self._allowed(0 if self._pending else self.every): self.render()
+        if self._allowed(0 if self._pending else self.every): self.render()
 
-    def after_validate(self):
-        if not self.learn.fitting: return
+    def after_eval(self):
         self._pending = True  # drawn now if the budget allows, else at the first batch it does, or at the end
         if self._allowed(0): self.render()
 
@@ -108,7 +108,7 @@ class LivePlot(Callback):
 
     def _x_max(self):
         if self.x_max is not None: return self.x_max
-        planned = self.learn.planned_steps
+        planned = self.learn.n_steps
         return self.learn.fit_start[1] + planned if planned else None
 
     def _draw(self):

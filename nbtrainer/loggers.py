@@ -11,13 +11,16 @@ __all__ = ['CSVLogger', 'TensorBoardLogger']
 import csv, os, time, warnings
 from pathlib import Path
 
-from .core import Callback, Recorder, _metric_name
+from .callback import Callback, Order
+from .recorder import Recorder
+from .metrics import metric_name
 
 # %% ../nbs/06_loggers.ipynb #09571361
 class CSVLogger(Callback):
     "Log every training batch to a CSV file, with each evaluation's metrics on the row of the batch it followed."
-    order = 10  # after the Recorder, which it reads
-    main_process_only = True  # under DDP, rank 0 alone draws and writes
+    order = Order.WRITE
+    run_valid = False  # a row per training batch
+    side_effects = main_process_only = True  # it writes a file; under DDP rank 0 alone does
 
     def __init__(self, path='runs/train_log.csv', flush_every=500):
         if not (isinstance(flush_every, int) and flush_every > 0):
@@ -36,24 +39,26 @@ class CSVLogger(Callback):
         self._evals, self._unwritten = [], 0
 
     def _start_file(self):
-        self.columns = [*Recorder.columns, 'valid_loss', *(_metric_name(m) for m in self.learn.metrics)]
+        learn = self.learn
+        evaluated = ['valid_loss', *(metric_name(m) for m in learn.metrics)]
+        self.columns = [*Recorder.columns, *evaluated, *(learn.eval_prefix + c for c in evaluated if learn.eval_prefix)]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, 'w', newline='') as f: csv.writer(f).writerow(self.columns)
         self._rows = 0
 
     def after_batch(self):
-        if not self.learn.training: return
         self._unwritten += 1
         if self._unwritten >= self.flush_every: self._write()
 
-    def after_validate(self):
-        if not self.learn.fitting: return  # a plain `learn.validate()`
-        row = self.learn.recorder.history[-1]
+    def after_eval(self):
+        row = self.learn.eval_row
         metrics = {c: row[c] for c in self.columns[len(Recorder.columns):] if c in row}
         self._evals.append((len(self.learn.recorder.batches['loss']), row['epoch'], metrics))
 
     def after_epoch(self): self._write()
-    def after_fit(self): self._write(final=True)
+
+    def after_fit(self):
+        if self.columns is not None: self._write(final=True)  # what was trained is on disk, however the fit ended
 
     def _write(self, final=False):
         "Append the batches the Recorder has read since the last write, with the evaluations that followed them."
@@ -104,9 +109,9 @@ def _batch_row(batches, i): return {c: batches[c][i] for c in Recorder.columns}
 
 # %% ../nbs/06_loggers.ipynb #a6d2f24e
 class TensorBoardLogger(Callback):
-    "Write the mean loss and the lr every `log_every` training batches, and each evaluation's metrics, to TensorBoard."
-    order = 10  # after the Recorder, which it reads
-    main_process_only = True  # under DDP, rank 0 alone draws and writes
+    "Write the mean loss and the lr every `log_every` optimizer steps, and each evaluation's metrics, to TensorBoard."
+    order = Order.WRITE
+    side_effects = main_process_only = True  # it writes files; under DDP rank 0 alone does
 
     def __init__(self, log_dir='runs/tensorboard', run_name=None, hparams=None, log_every=10):
         if not (isinstance(log_every, int) and log_every > 0): raise ValueError(f'log_every must be an int > 0, got {log_every!r}')
@@ -144,24 +149,24 @@ class TensorBoardLogger(Callback):
         return {k: v for k, v in hp.items() if v is not None}
 
     def _write_batches(self, final=False):
-        "Write whole windows of `log_every` batches (and, when `final`, the last partial one)."
+        "Write a point for each whole window of `log_every` optimizer steps (and, when `final`, the last partial one)."
         recorder = self.learn.recorder
         recorder.flush()
-        batches, train, every = recorder.batches, self.writers['train'], self.log_every
-        end = len(batches['loss'])
-        if not final: end = self._logged + (end - self._logged) // every * every
-        for start in range(self._logged, end, every):  # each event costs ~70 us: a point per window, not per batch
-            last = min(start + every, end) - 1
-            losses = batches['loss'][start:last + 1]
-            step = batches['step'][last] + 1  # steps done once this batch's step is taken
-            train.add_scalar('loss', sum(losses) / len(losses), step)
-            train.add_scalar('lr', batches['lr'][last], step)
-        self._logged = end
+        steps, train, every = recorder.batches['step'], self.writers['train'], self.log_every
+        start, end = self._logged, len(steps)
+        while start < end:  # each event costs ~70 us: a point per window, not per batch
+            stop = start
+            while stop < end and steps[stop] // every == steps[start] // every: stop += 1
+            if stop == end and not final: break  # the window may still grow: a later batch may feed the same steps
+            losses, last = recorder.batches['loss'][start:stop], stop - 1
+            train.add_scalar('loss', sum(losses) / len(losses), steps[last] + 1)  # at the steps done once it is taken
+            train.add_scalar('lr', recorder.batches['lr'][last], steps[last] + 1)
+            start = stop
+        self._logged = start
         for w in self.writers.values(): w.flush()
 
-    def after_validate(self):
-        if not self.learn.fitting: return  # a plain `learn.validate()`
-        row, valid = self.learn.recorder.history[-1], self.writers['valid']
+    def after_eval(self):
+        row, valid = self.learn.eval_row, self.writers['valid']
         for k, v in _metrics(row).items():
             if k != 'train_loss': valid.add_scalar('loss' if k == 'valid_loss' else k, v, row['step'])
         self._write_batches()
@@ -169,6 +174,7 @@ class TensorBoardLogger(Callback):
     def after_epoch(self): self._write_batches()
 
     def after_fit(self):
+        if not self.writers: return  # the fit failed before this logger started
         try:
             self._write_batches(final=True)
             history = self.learn.recorder.history

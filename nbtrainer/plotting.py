@@ -10,6 +10,9 @@ __all__ = ['figure_png', 'show_figures_inline', 'plot_history']
 # %% ../nbs/03_plotting.ipynb #8f099e08
 import io, math, sys
 
+from .core import patch_to
+from .recorder import Recorder
+
 # %% ../nbs/03_plotting.ipynb #0e3ef8f2
 def _smooth(values, beta=0.98):
     "Debiased exponential moving average, as the Recorder computes it."
@@ -56,7 +59,7 @@ def show_figures_inline():
     try: png.lookup_by_type(Figure)
     except KeyError: png.for_type(Figure, figure_png)  # keep a format the user already chose (retina, svg...)
 
-_NOT_METRICS = ('epoch', 'step', 'train_loss', 'valid_loss', 'lr', 'time')
+_NOT_METRICS = ('epoch', 'step', 'train_loss', 'valid_loss', 'subset_valid_loss', 'lr', 'grad_norm', 'time')
 _METRIC_COLORS = ('tab:green', 'tab:red', 'tab:purple', 'tab:brown', 'tab:pink', 'tab:olive', 'tab:cyan', 'tab:gray')
 
 def _history_axes(fig, metric_names):
@@ -97,11 +100,17 @@ def plot_history(recorder, path=None, fig=None):
         smooth, keep = _smooth(losses, recorder.beta), range(0, len(losses), max(1, len(losses) // 1000))
         keep = [*keep, len(losses) - 1] if keep[-1] != len(losses) - 1 else keep  # always the latest point
         lines['smooth'].set_data([steps[i] for i in keep], [smooth[i] for i in keep])
-    rows = [r for r in hist if math.isfinite(r.get('valid_loss', math.nan))]
-    lines['valid_loss'].set_data([r['step'] for r in rows], [r['valid_loss'] for r in rows])
+    valid = [(r['step'], r.get('valid_loss', r.get('subset_valid_loss', math.nan))) for r in hist]  # a subset's, in eval_subset fits
+    valid = [(s, v) for s, v in valid if math.isfinite(v)]
+    lines['valid_loss'].set_data([s for s, _ in valid], [v for _, v in valid])
     for name in metric_names: lines[name].set_data([r['step'] for r in hist], [r.get(name, math.nan) for r in hist])
     for ax in fig.axes:
         ax.relim()
         ax.autoscale_view()
     if path is not None: fig.savefig(path, dpi=100)  # the same PNG Jupyter shows
     return fig
+
+@patch_to(Recorder)
+def plot(self, path=None):
+    "Plot the loss and metric curves (matplotlib); save to `path` if given. Returns the figure."
+    return plot_history(self, path)

@@ -11,8 +11,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from nbtrainer.core import Callback, Learner
-from nbtrainer.distributed import init_distributed, world_size
+from nbtrainer import Callback, Learner, init_distributed, world_size
 
 
 class Started(Callback):

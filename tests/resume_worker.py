@@ -11,9 +11,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from nbtrainer.checkpoint import Checkpointer
-from nbtrainer.core import Callback, Learner
-from nbtrainer.loggers import CSVLogger, TensorBoardLogger
+from nbtrainer import Callback, Checkpointer, CSVLogger, Learner, TensorBoardLogger
 
 
 class Slow(Callback):

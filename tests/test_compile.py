@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from nbtrainer.core import Learner
+from nbtrainer import Learner
 
 
 def make_model():

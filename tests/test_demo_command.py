@@ -20,4 +20,4 @@ def test_demo_trains_and_writes_plot_and_csv(tmp_path):
 def test_demo_rejects_bad_arguments(tmp_path):
     run = subprocess.run([str(BIN / 'nbtrainer-demo'), '--lr', '-1', '--out', str(tmp_path)],
                          capture_output=True, text=True, timeout=120)
-    assert run.returncode != 0 and 'lr must be a number > 0' in run.stderr
+    assert run.returncode != 0 and 'lr must be a finite number > 0' in run.stderr

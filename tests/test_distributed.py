@@ -13,9 +13,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from conftest import ROOT
-from nbtrainer.core import Callback, Learner, NonFiniteLossError
-from nbtrainer.distributed import launch, rank, request_stop, world_size
-from nbtrainer.metrics import ConfusionMatrix
+from nbtrainer import Callback, ConfusionMatrix, Learner, NonFiniteLossError, launch, rank, request_stop, world_size
+from nbtrainer.callback import dispatch_tables
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or sys.platform != 'linux', reason='needs torch.distributed and fork')
 
@@ -214,13 +213,32 @@ def test_checkpoint_under_ddp_loads_into_a_bare_model(tmp_path):
     with torch.no_grad(): assert torch.equal(bare(dataset(20, seed=7).tensors[0]), preds)
 
 
+def train_ghost_bn(path):
+    "GhostBatchNorm keeps running statistics like BatchNorm: they must be averaged over the ranks the same way."
+    from nbtrainer import GhostBatchNorm
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(6, 16), GhostBatchNorm(16, virtual_batch_size=2), nn.ReLU(), nn.Linear(16, 3))
+    learn = Learner(model, loader(dataset(40)), metrics=(), progress=False)
+    learn.fit(1)
+    ghost = learn.model.module[1]
+    ghost.train()
+    with torch.no_grad(): learn.model.module(dataset(8, seed=10 + rank()).tensors[0])  # each rank's statistics drift apart
+    stats = gather(ghost.running_mean.clone())
+    learn.save(path)  # averages them first
+    return stats, ghost.running_mean.clone(), learn.validate()['valid_loss'] if learn.valid_dl else None
+
+
+def test_ghost_batchnorm_statistics_are_averaged_over_the_ranks(tmp_path):
+    stats, synced, _ = launch(train_ghost_bn, nprocs=2, args=(tmp_path / 'ghost.pt',))
+    assert not torch.allclose(stats[0], stats[1])
+    saved = torch.load(tmp_path / 'ghost.pt', weights_only=True)['model']['1.running_mean']
+    assert torch.allclose(saved, (stats[0] + stats[1]) / 2, atol=1e-6) and torch.equal(saved, synced)
+
+
 # ---- only rank 0 writes ----
 
 def train_with_writers(folder):
-    from nbtrainer.checkpoint import Checkpointer
-    from nbtrainer.evaluate import SavePredictions
-    from nbtrainer.liveplot import LivePlot
-    from nbtrainer.loggers import CSVLogger, TensorBoardLogger
+    from nbtrainer import Checkpointer, CSVLogger, LivePlot, SavePredictions, TensorBoardLogger
     mine = folder / f'rank{rank()}'  # each rank's writers point at its own folder: only rank 0's may appear
 
     def learner():
@@ -232,7 +250,7 @@ def train_with_writers(folder):
     learner().fit(2)
     learn = learner()
     learn.fit(3, resume=True)  # every rank reads rank 0's last checkpoint and trains the third epoch
-    listening = sorted(type(cb).__name__ for cb, _ in learn._dispatch['after_fit'])
+    listening = sorted(type(cb).__name__ for cb, _ in dispatch_tables(learn.cbs, learn.main_process)[True]['after_fit'])
     return gather((listening, learn.step, learn.recorder.history[-1]['accuracy']))
 
 

@@ -1,7 +1,7 @@
-"""Core stays light: no UI or plotting library is imported until something displays."""
+"""`import nbtrainer` stays light: no UI, plotting or logging library is imported until something displays or logs."""
 import subprocess, sys
 
-HEAVY = ('matplotlib', 'ipywidgets', 'tqdm.auto', 'tqdm.notebook', 'tensorboard', 'IPython', 'sklearn')
+HEAVY = ('matplotlib', 'ipywidgets', 'tqdm.auto', 'tqdm.notebook', 'tensorboard', 'IPython', 'sklearn', 'mlflow')
 
 
 def modules_after(code):
@@ -11,15 +11,22 @@ def modules_after(code):
     return set(subprocess.check_output([sys.executable, '-c', script], text=True).split())
 
 
-def test_core_imports_no_ui():
-    loaded = modules_after('import nbtrainer.core, nbtrainer.metrics, nbtrainer.progress, nbtrainer.plotting, '
-                           'nbtrainer.amp, nbtrainer.gradients, nbtrainer.checkpoint, nbtrainer.loggers, '
-                           'nbtrainer.evaluate, nbtrainer.diagnose, nbtrainer.layers')
+def test_the_package_imports_no_ui():
+    loaded = modules_after('import nbtrainer')
     assert not [m for m in HEAVY if m in loaded]
+    assert {'nbtrainer.checkpoint', 'nbtrainer.control', 'nbtrainer.dashboard'} <= loaded  # every feature attached
+
+
+def test_the_public_api():
+    code = ('from nbtrainer import Learner, Callback, Checkpointer, CSVLogger, TensorBoardLogger, Controls, '
+            'Dashboard, launch, MixedPrecision, GhostBatchNorm, ParamScheduler; '
+            'assert all(callable(getattr(Learner, m)) for m in ("save", "load", "load_best", "resume", "lr_find", '
+            '"fit_one_cycle", "evaluate", "profile", "probe", "fit_async"))')
+    modules_after(code)
 
 
 def test_progress_bars_are_imported_only_when_a_fit_starts():
-    code = ('from nbtrainer.core import Learner; '
+    code = ('from nbtrainer import Learner; '
             'learn = Learner(torch.nn.Linear(2, 2), [(torch.randn(4, 2), torch.tensor([0, 1, 0, 1]))], device="cpu")')
     assert 'tqdm.auto' not in modules_after(code)
     assert 'tqdm.auto' in modules_after(code + '; learn.fit(1)')

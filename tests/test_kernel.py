@@ -1,5 +1,5 @@
 """The dashboard and `fit_async` in a real Jupyter kernel, headless (no browser): what Jupyter receives, and interrupts."""
-import queue, textwrap, time
+import queue, re, textwrap, time
 
 import nbformat
 import pytest
@@ -9,7 +9,7 @@ from nbclient import NotebookClient
 SETUP = '''
 import time, torch, torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
-from nbtrainer.core import Learner, Callback
+from nbtrainer import Learner, Callback
 
 class SlowLinear(nn.Linear):
     def forward(self, x):
@@ -48,6 +48,14 @@ def test_dashboard_is_the_default_and_leaves_a_static_summary(tmp_path):
     assert 'Dashboard ProgressCallback' in ''.join(o.get('text', '') for o in opt_out)
 
 
+def shell_reply(kc, msg_id, timeout=60):
+    "The shell reply to request `msg_id`: readiness polling and earlier requests may have left other replies queued."
+    deadline = time.time() + timeout
+    while True:
+        msg = kc.get_shell_msg(timeout=max(0.1, deadline - time.time()))
+        if msg['parent_header'].get('msg_id') == msg_id: return msg
+
+
 def execute(kc, code, timeout=60, **kwargs):
     "Run `code`; return (reply content, printed text)."
     msg_id = kc.execute(code, **kwargs)
@@ -59,7 +67,7 @@ def execute(kc, code, timeout=60, **kwargs):
         if msg['parent_header'].get('msg_id') != msg_id: continue
         if msg['msg_type'] == 'stream': printed.append(msg['content']['text'])
         if msg['msg_type'] == 'status' and msg['content']['execution_state'] == 'idle': break
-    return kc.get_shell_msg(timeout=timeout)['content'], ''.join(printed)
+    return shell_reply(kc, msg_id, timeout)['content'], ''.join(printed)
 
 
 def evaluate(kc, expression):
@@ -71,6 +79,16 @@ def evaluate(kc, expression):
     return ast.literal_eval(result['data']['text/plain'])
 
 
+def wait_until_training(kc, msg_id, timeout=120):
+    "Read iopub until the dashboard's status line shows a step > 0: the loop is running, however loaded the machine."
+    deadline = time.time() + timeout
+    while True:
+        msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.time()))
+        if msg['parent_header'].get('msg_id') != msg_id or msg['msg_type'] != 'comm_msg': continue
+        value = msg['content']['data'].get('state', {}).get('value')
+        if isinstance(value, str) and re.match(r'step [1-9]', value): return
+
+
 @pytest.mark.parametrize('call', ['await learn.fit_async(100)', 'learn.fit(100)'])
 def test_interrupt_ends_the_fit_cleanly(call):
     km, kc = start_new_kernel(kernel_name='python3')
@@ -78,10 +96,10 @@ def test_interrupt_ends_the_fit_cleanly(call):
         execute(kc, SETUP)
         execute(kc, 'learn = Learner(SlowLinear(8, 2), dl, dl, lr=0.1, cbs=[NoteEnd()])')
         msg_id = kc.execute(call)
-        time.sleep(3)
+        wait_until_training(kc, msg_id)
         km.interrupt_kernel()
-        reply = kc.get_shell_msg(timeout=60)
-        assert reply['parent_header']['msg_id'] == msg_id and reply['content']['status'] == 'error'
+        reply = shell_reply(kc, msg_id)
+        assert reply['content']['status'] == 'error'
         assert reply['content']['ename'] in ('KeyboardInterrupt', 'CancelledError')
         ended, step, fitting, training = evaluate(kc, '(ended, learn.step, learn.fitting, learn.model.training)')
         assert ended == [step] and 0 < step < 4000 and not fitting and training  # after_fit ran, at the last batch

@@ -20,8 +20,7 @@ ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-f
 CELLS = [
     '''import time, torch, torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
-from nbtrainer.core import Learner, Callback
-from nbtrainer.control import Controls
+from nbtrainer import Callback, Controls, Learner
 
 class SlowMLP(nn.Module):
     "A small model slowed to about 25 ms a batch: a fit long enough to watch and click."
