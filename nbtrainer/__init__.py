@@ -12,11 +12,11 @@ __version__ = "0.0.1"
 
 from .callback import (EVENTS, Callback, CancelBackwardException, CancelBatchException, CancelEpochException,
                                 CancelFitException, CancelStepException, CancelTrainException, CancelValidateException,
-                                NonFiniteLossError, Order)
+                                FunctionCallback, NonFiniteLossError, Order)
 from .data import batch_size, default_device, eval_loader, rebatch, subset_loader, to_device
 from .rng import preserve_rng, rng_state, set_rng_state
-from .metrics import (F1, MCC, Accuracy, ConfusionMatrix, Loss, Mean, Metric, Perplexity, Precision, Recall,
-                               TopKAccuracy, get_metric)
+from .metrics import (F1, MCC, Accuracy, ConfusionMatrix, FunctionMetric, Loss, Mean, Metric, Perplexity,
+                               Precision, Recall, TopKAccuracy, get_metric)
 from .layers import GhostBatchNorm
 from .precision import MixedPrecision
 from .recorder import Recorder, SkipNonFinite, monitored_value
@@ -24,6 +24,7 @@ from .core import Learner, patch_to
 from .progress import ProgressCallback
 from .plotting import plot_history
 from .checkpoint import Checkpointer, plain_state_dict, read_checkpoint
+from .early_stopping import EarlyStopping
 from .loggers import CSVLogger, TensorBoardLogger
 from .evaluate import Evaluation, Report, SavePredictions
 from .diagnose import DataWait, DataWaitWarning, DevicePrefetcher
@@ -38,7 +39,7 @@ from .dashboard import Dashboard
 __all__ = ['Accuracy', 'CSVLogger', 'Callback', 'CancelBackwardException', 'CancelBatchException', 'CancelEpochException',
            'CancelFitException', 'CancelStepException', 'CancelTrainException', 'CancelValidateException', 'Checkpointer',
            'ConfusionMatrix', 'Controls', 'Dashboard', 'DataWait', 'DataWaitWarning', 'DevicePrefetcher', 'EVENTS',
-           'Evaluation', 'F1', 'GhostBatchNorm', 'LRFinder', 'LRFinderResult', 'Learner', 'LivePlot', 'Loss', 'MCC',
+           'EarlyStopping', 'Evaluation', 'F1', 'FunctionCallback', 'FunctionMetric', 'GhostBatchNorm', 'LRFinder', 'LRFinderResult', 'Learner', 'LivePlot', 'Loss', 'MCC',
            'Mean', 'Metric', 'MixedPrecision', 'NonFiniteLossError', 'Order', 'ParamScheduler', 'Perplexity', 'Precision',
            'ProgressCallback', 'Recall', 'Recorder', 'Report', 'SavePredictions', 'Schedule', 'Segment', 'SkipNonFinite',
            'TensorBoardLogger', 'TopKAccuracy', 'batch_size', 'default_device', 'eval_loader', 'get_metric',

@@ -7,7 +7,8 @@ Docs: https://nbtrainer.github.io/nbtrainer/callback.html.md"""
 # %% auto #0
 __all__ = ['CANCEL_EXCEPTIONS', 'SCOPES', 'EVENTS', 'BATCH_EVENTS', 'CancelFitException', 'CancelEpochException',
            'CancelTrainException', 'CancelValidateException', 'CancelBatchException', 'CancelStepException',
-           'CancelBackwardException', 'NonFiniteLossError', 'Order', 'Callback', 'dispatch_tables', 'add_note']
+           'CancelBackwardException', 'NonFiniteLossError', 'Order', 'Callback', 'FunctionCallback', 'as_callback',
+           'dispatch_tables', 'add_note']
 
 # %% ../nbs/00a_callback.ipynb #098e3d06
 class CancelFitException(Exception):      "Skip the rest of `fit`; the message, if any, says why (it shows where the fit's ending is reported)."
@@ -55,6 +56,24 @@ class Callback:
 
     def state_dict(self): return {}
     def load_state_dict(self, state): pass
+
+# %% ../nbs/00a_callback.ipynb #54652b16
+class FunctionCallback(Callback):
+    "A plain function `fn(learn, event)` as a callback: called for every event, with the event's name."
+    def __init__(self, fn, order=Order.DEFAULT):
+        if not callable(fn): raise TypeError(f'a function callback must be callable, got {fn!r}')
+        self.fn, self.order = fn, order
+
+    def __repr__(self): return f'FunctionCallback({getattr(self.fn, "__name__", self.fn)!r})'
+
+def _forward_event(event): return lambda self: self.fn(self.learn, event)
+for _event in EVENTS: setattr(FunctionCallback, _event, _forward_event(_event))
+
+def as_callback(cb):
+    "A callback from what `cbs=` accepts: a `Callback` (or any object with event methods), a class to instantiate, or a function."
+    if isinstance(cb, type): return cb()
+    if callable(cb) and not any(callable(getattr(cb, e, None)) for e in EVENTS): return FunctionCallback(cb)
+    return cb
 
 # %% ../nbs/00a_callback.ipynb #bdb54f18
 def dispatch_tables(cbs, main_process=True):

@@ -12,7 +12,8 @@ import asyncio, concurrent.futures, threading, time
 from pathlib import Path
 
 from .callback import Callback, Order
-from .core import Learner, check_lr, patch_to
+from .checks import hyperparameter
+from .core import Learner, patch_to
 from .distributed import request_stop
 
 # %% ../nbs/16_control.ipynb #7e7420cb
@@ -47,7 +48,7 @@ class Controls(Callback):
     def set_lr(self, lr):
         "Use `lr` as `learn.lr` from the next step."
         self._one_process_only('set_lr')
-        self._lr = check_lr(lr)  # a bad value fails here, in the caller's thread, not in the training loop
+        self._lr = hyperparameter('lr', lr)  # a bad value fails here, in the caller's thread, not in the training loop
 
     def save(self):
         "Write a checkpoint at the next optimizer-step boundary."

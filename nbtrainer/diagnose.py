@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from .callback import Callback, Order
+from .checks import writable_folder
 from .core import Learner, patch_to
 from .data import to_device
 
@@ -166,7 +167,7 @@ def profile(learn, steps=20, path='runs/trace.json', warmup=2):
     from torch.profiler import ProfilerActivity, schedule
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if learn.device.type == 'cuda' else [])
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    writable_folder(path.parent, 'profile')  # before profiling, not after
     with torch.profiler.profile(activities=activities, record_shapes=False,
                                 schedule=schedule(wait=0, warmup=warmup, active=steps, repeat=1)) as prof:
         learn.probe(warmup + steps, cbs=[_StepProfiler(prof)])

@@ -7,10 +7,11 @@ Docs: https://nbtrainer.github.io/nbtrainer/distributed.html.md"""
 # %% auto #0
 __all__ = ['DEFAULT_TIMEOUT', 'is_distributed', 'rank', 'world_size', 'is_main_process', 'init_distributed', 'barrier',
            'broadcast_object', 'rank_seed', 'seed_rank_streams', 'shard_loader', 'padded_position', 'global_batch_size',
-           'sync_metrics', 'sync_batchnorm_stats', 'request_stop', 'DistributedTrainer', 'launch']
+           'sync_metrics', 'gather_metrics', 'sync_training_stats', 'hold_training_stats_on_rank_0',
+           'sync_batchnorm_stats', 'request_stop', 'DistributedTrainer', 'launch']
 
 # %% ../nbs/15_distributed.ipynb #55073010
-import codecs, datetime, inspect, io, os, pickle, random, select, socket, sys, time, warnings, weakref
+import codecs, datetime, inspect, io, os, pickle, random, re, select, socket, sys, time, warnings, weakref
 
 import numpy as np
 import torch
@@ -22,6 +23,7 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Ra
 from .callback import Callback, CancelFitException, NonFiniteLossError, Order
 from .core import Learner
 from .data import batch_size
+from .metrics import state_leaves
 
 # %% ../nbs/15_distributed.ipynb #34a93be5
 DEFAULT_TIMEOUT = float(os.environ.get('NBTRAINER_DIST_TIMEOUT', 300))  # seconds a collective may wait for a peer
@@ -118,14 +120,6 @@ def global_batch_size(dl, i):
     return max(0, min(end, real) - start)
 
 # %% ../nbs/15_distributed.ipynb #e416cf2e
-def _state_leaves(metric, out):
-    "(owner, attribute) of every state a metric declares in `states`, nested metrics included."
-    for name in metric.states:
-        value = getattr(metric, name)
-        if getattr(value, 'states', None) is not None: _state_leaves(value, out)
-        else: out.append((metric, name))
-    return out
-
 def _describe(v):
     "What a rank holds for one state: None, or (shape, is_float)."
     if v is None: return None
@@ -135,7 +129,7 @@ def _describe(v):
 def sync_metrics(metrics, device):
     "Sum the metrics' declared states (sums, counts, confusion matrices) over the ranks, in place: one all-reduce."
     local = [m for m in metrics if getattr(m, 'states', None) is not None]
-    leaves = [leaf for m in local for leaf in _state_leaves(m, [])]
+    leaves = [leaf for m in local for leaf in state_leaves(m)]
     if not leaves: return
     described = [_describe(getattr(o, n)) for o, n in leaves]
     everyone = [None] * world_size()
@@ -156,6 +150,29 @@ def sync_metrics(metrics, device):
         value, flat = flat[:n].reshape(shape), flat[n:]
         setattr(owner, name, value if is_float else value.round().long())
 
+def gather_metrics(metrics):
+    "Concatenate what the metrics keep per prediction (`gathered`: a `FunctionMetric`'s predictions) over the ranks, in place."
+    for m in metrics:
+        for name in getattr(m, 'gathered', None) or ():
+            local = getattr(m, name)
+            everyone = [None] * world_size()
+            dist.all_gather_object(everyone, torch.cat(local).cpu() if local else None)  # one transfer per evaluation
+            setattr(m, name, [t for t in everyone if t is not None])
+
+def sync_training_stats(recorder, device, keep=True):
+    "Sum the Recorder's training loss since the last row and its training metrics over the ranks: a row's values are global."
+    recorder.flush()
+    since = torch.tensor(recorder.since_row, dtype=torch.float64, device=device)
+    dist.all_reduce(since)
+    recorder.since_row = since.tolist()
+    sync_metrics(recorder.train_metrics, device)
+    gather_metrics(recorder.train_metrics)
+    if not keep: recorder.clear_since_row()  # rank 0 holds the global sums from here on
+
+def hold_training_stats_on_rank_0(learn):
+    "Before a checkpoint: rank 0 takes the global sums since the last row (which it saves), the others start from zero."
+    sync_training_stats(learn.recorder, learn.device, keep=learn.main_process)
+
 class _SyncAtEnd:
     "Iterate a sharded evaluation loader, then sum the metric states over the ranks: `compute()` follows the loop."
     def __init__(self, dl, learn): self.dl, self.learn = dl, learn
@@ -166,6 +183,7 @@ class _SyncAtEnd:
         yield from self.dl
         learn = self.learn
         sync_metrics([learn.valid_loss, *learn.metrics], learn.device)
+        gather_metrics(learn.metrics)
 
 # %% ../nbs/15_distributed.ipynb #e7e4f039
 def sync_batchnorm_stats(model):
@@ -237,6 +255,9 @@ class DistributedTrainer(Callback):
         sharded = self._sharded[learn.dl]
         self.valid_pad = padded_position(sharded)
         learn.dl = _SyncAtEnd(sharded, learn)  # sharded by us, or by its iterable dataset: sum the metrics
+
+    def after_validate(self):
+        if self.learn.evaluating: sync_training_stats(self.learn.recorder, self.learn.device)  # before the row is made
 
     def before_batch(self):
         learn = self.learn
@@ -377,7 +398,7 @@ def launch(train_fn, nprocs=2, args=(), kwargs=None, timeout=None, backend=None,
             procs.append(p)
             outs.append(out_r)
     result_w.close()
-    try: return _supervise(procs, outs, result_r)
+    try: return _supervise(procs, outs, result_r, timeout)
     finally:
         for p in procs:
             if p.is_alive(): p.terminate()
@@ -385,7 +406,7 @@ def launch(train_fn, nprocs=2, args=(), kwargs=None, timeout=None, backend=None,
         for p in procs:
             if p.is_alive(): p.kill()
 
-def _supervise(procs, outs, result_r):
+def _supervise(procs, outs, result_r, timeout):
     "Stream rank 0's output, keep the others' tails, and stop everything as soon as one rank fails."
     streams = {o.fileno(): r for r, o in enumerate(outs)}
     decoders = [codecs.getincrementaldecoder('utf-8')('replace') for _ in outs]
@@ -410,13 +431,33 @@ def _supervise(procs, outs, result_r):
         codes = [p.exitcode for p in procs]
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
-            for p in procs:
-                if p.exitcode is None: p.terminate()  # the watchdog: no rank waits on a dead peer
-            r, c = failed[0]
-            raise RuntimeError(f'rank {r} exited with code {c}; the other ranks were stopped. '
-                               f'Its output ended with:\n{tails[r][-2000:]}')
+            _drain(streams, decoders, tails)
+            raise RuntimeError(_failure_report(procs, failed[0], tails, timeout))
         if all(c == 0 for c in codes) and not ready:
             if not got:  # the result may still be in the pipe
                 if result_r.poll(0.5): continue
                 raise RuntimeError('rank 0 ended without returning a result')
             return result
+
+def _drain(streams, decoders, tails):
+    "Read what the ranks wrote before they stopped, so that a report quotes their last lines."
+    while streams and (ready := select.select(list(streams), [], [], 0.2)[0]):
+        for fd in ready:
+            data = os.read(fd, 65536)
+            if data: tails[streams[fd]] = (tails[streams[fd]] + decoders[streams[fd]].decode(data))[-4000:]
+            else: del streams[fd]
+
+def _failure_report(procs, first, tails, timeout):
+    "Name the rank to blame: one that died, or one that hung while another timed out waiting for it."
+    r, code = first
+    alive = [i for i, p in enumerate(procs) if p.exitcode is None]
+    for p in procs:
+        if p.exitcode is None: p.terminate()  # the watchdog: no rank waits on a dead peer
+    waited = re.search(r'timed? ?out|timeout', tails[r], re.IGNORECASE)
+    if waited and alive:  # r gave up waiting in a collective for ranks that were still running: those hung
+        hung = ', '.join(map(str, alive))
+        return (f'rank {hung} hung: it was still running, without answering, when rank {r} timed out waiting for it in '
+                f'a collective (after {timeout:g} s). Look at what rank {hung} was doing; its output ended with:\n'
+                f'{tails[alive[0]][-1500:]}\n'
+                f'rank {r} exited with code {code}; its output ended with:\n{tails[r][-1500:]}')
+    return f'rank {r} exited with code {code}; the other ranks were stopped. Its output ended with:\n{tails[r][-2000:]}'

@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import SequentialSampler
 
 from .callback import Callback, Order
+from .checks import writable_folder
 from .core import Learner, patch_to
 from .data import rebatch
 from .metrics import ConfusionMatrix, as_float, class_scores, example_losses, metric_name, safe_ratio
@@ -226,6 +227,9 @@ class SavePredictions(Callback):
 
     def __init__(self, indices, path=None):
         self.indices, self.path, self.records = list(indices), path, []
+
+    def before_fit(self):
+        if self.path is not None: writable_folder(Path(self.path).parent, 'SavePredictions')  # now, not after the fit
 
     def after_eval(self):
         learn = self.learn

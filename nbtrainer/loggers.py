@@ -12,6 +12,7 @@ import csv, os, time, warnings
 from pathlib import Path
 
 from .callback import Callback, Order
+from .checks import writable_folder
 from .recorder import Recorder
 from .metrics import metric_name
 
@@ -42,7 +43,7 @@ class CSVLogger(Callback):
         learn = self.learn
         evaluated = ['valid_loss', *(metric_name(m) for m in learn.metrics)]
         self.columns = [*Recorder.columns, *evaluated, *(learn.eval_prefix + c for c in evaluated if learn.eval_prefix)]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        writable_folder(self.path.parent, 'CSVLogger')
         with open(self.path, 'w', newline='') as f: csv.writer(f).writerow(self.columns)
         self._rows = 0
 
@@ -125,6 +126,7 @@ class TensorBoardLogger(Callback):
             raise ImportError("TensorBoardLogger needs the tensorboard package: pip install tensorboard (or 'nbtrainer[tensorboard]')") from e
         learn = self.learn
         self._close()  # writers left open by a fit that ended with an error
+        writable_folder(self.log_dir, 'TensorBoardLogger')
         if self.run_dir is None: self.run_dir = self._new_run_dir()
         if self._logged is None:  # a new logger, or one just restored: log from the next batch on
             learn.recorder.flush()

@@ -11,6 +11,7 @@ __all__ = ['Segment', 'Schedule', 'ParamScheduler', 'one_cycle']
 import math
 
 from .callback import Callback
+from .checks import hyperparameter
 from .core import Learner, patch_to
 
 # %% ../nbs/12_schedule.ipynb #2015c872
@@ -20,8 +21,6 @@ _SHAPES = {
     'exp': lambda start, end, t: start * (end / start) ** t,
     'const': lambda start, end, t: start,
 }
-
-def _is_number(v): return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 def _check_steps(steps):
     if steps is None: return
@@ -34,8 +33,7 @@ class Segment:
     "One piece of a `Schedule`: `shape` from `start` to `end` over `steps` (None: the rest of the run)."
     def __init__(self, shape, start=None, end=None, steps=None):
         if shape not in _SHAPES: raise ValueError(f'shape must be one of {", ".join(map(repr, _SHAPES))}, got {shape!r}')
-        for name, v in (('start', start), ('end', end)):
-            if v is not None and not _is_number(v): raise ValueError(f'{name} must be a finite number or None, got {v!r}')
+        start, end = (None if v is None else hyperparameter(name, v, positive=False) for name, v in (('start', start), ('end', end)))
         _check_steps(steps)
         if shape == 'const':
             if start is not None and end is not None and start != end:
@@ -155,6 +153,9 @@ class ParamScheduler(Callback):
                     raise ValueError(f"can't schedule {name!r}: the optimizer's param groups have no such setting "
                                      f"(they have {', '.join(keys)})")
         self.total = _fit_total(learn)
+        if 'lr' in self.schedules:  # the largest lr it will set must be a usable one too
+            peak = max(abs(v) for seg in self.schedules['lr'].segments for v in (seg.start, seg.end))
+            hyperparameter('the scheduled lr (learn.lr times the schedule\'s largest value)', learn.lr * peak)
         self._before = [{_group_key(n, g): g[_group_key(n, g)] for n in self.schedules} for g in learn.opt.param_groups]
         for s in self.schedules.values(): s.lengths(self.total)  # a schedule longer than the fit fails now, not mid-fit
 
@@ -177,8 +178,7 @@ class ParamScheduler(Callback):
 def one_cycle(pct_start=0.25, div=25.0, div_final=1e5, moms=(0.95, 0.85, 0.95)):
     "The 1cycle schedules: `{'lr': ..., 'momentum': ...}` (no momentum if `moms` is None); `lr` multiplies `learn.lr`."
     if not (isinstance(pct_start, float) and 0 < pct_start < 1): raise ValueError(f'pct_start must be a float between 0 and 1, got {pct_start!r}')
-    for name, v in (('div', div), ('div_final', div_final)):
-        if not (_is_number(v) and v > 0): raise ValueError(f'{name} must be a number > 0, got {v!r}')
+    div, div_final = hyperparameter('div', div), hyperparameter('div_final', div_final)
     schedules = {'lr': Schedule(Segment('cos', 1 / div, 1.0, steps=pct_start), Segment('cos', end=1 / div_final))}
     if moms is not None:
         if len(moms) != 3: raise ValueError(f'moms must be (start, middle, end), got {moms!r}')

@@ -185,6 +185,47 @@ def test_an_evaluation_iterable_that_is_not_a_loader_is_not_summed_twice():
     assert launch(validate_list, nprocs=2).sum() == 30
 
 
+def fit_history(world, train_metrics=('accuracy',), cbs=(), epochs=3):
+    "Rows of a fit of 2 ranks with batch B each, or of one process with batch 2B: the same global batches."
+    valid = DataLoader(dataset(31, seed=3), batch_size=5)
+    train = DataLoader(dataset(45), batch_size=B * 2 // world)  # in order: global batch i is the same examples either way
+    learn = Learner(make_model(), train, valid, opt_func=torch.optim.Adam, lr=0.05, train_metrics=train_metrics,
+                    metrics=('accuracy', balanced_accuracy), progress=False, cbs=list(cbs))
+    learn.fit(epochs)
+    return [{k: v for k, v in r.items() if k != 'time'} for r in learn.recorder.history], learn.step
+
+
+def balanced_accuracy(preds, targets):
+    from sklearn.metrics import balanced_accuracy_score
+    return balanced_accuracy_score(targets, preds.argmax(1))
+
+
+def ddp_history(*args):
+    rows, step = fit_history(2, *args)
+    return gather((rows, step))
+
+
+def test_training_rows_are_global_and_function_metrics_see_every_rank():
+    "train_loss, training metrics and a function metric on 2 ranks equal one process on the global batch."
+    (rows0, step0), (rows1, step1) = launch(ddp_history, nprocs=2)
+    one, one_step = fit_history(1)
+    assert rows0 == rows1 and step0 == step1 == one_step  # every rank holds the same, global rows
+    for a, b in zip(rows0, one):
+        assert a.keys() == b.keys() and {'train_loss', 'train_accuracy', 'balanced_accuracy'} <= a.keys()
+        assert all(abs(a[k] - b[k]) < 1e-6 for k in a if isinstance(a[k], float)), (a, b)
+
+
+def early_stopped(world):
+    from nbtrainer import EarlyStopping
+    rows, step = fit_history(world, (), [EarlyStopping(monitor='valid_loss', patience=1)], epochs=30)
+    return gather(step) if world > 1 else step
+
+
+def test_early_stopping_stops_every_rank_where_one_process_stops():
+    steps = launch(early_stopped, nprocs=2, args=(2,))
+    assert steps[0] == steps[1] == early_stopped(1) < 30 * 6
+
+
 # ---- checkpoints ----
 
 def train_bn_and_save(path):
@@ -447,8 +488,23 @@ def test_the_same_script_under_torchrun_and_plain_python(tmp_path):
     worker = [str(ROOT / 'tests' / 'ddp_worker.py'), '--short']
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}
     subprocess.run([sys.executable, *worker[:1], str(tmp_path / 'one'), *worker[1:]], check=True, timeout=120, env=env)
-    subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node=2', '--master-port', str(_free_port()),
+    subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node=2',  # picks a free port
                     worker[0], str(tmp_path / 'two'), *worker[1:]], check=True, timeout=180, env=env)
     one, two = (torch.load(tmp_path / d / 'final.pt', weights_only=True) for d in ('one', 'two'))
     assert one['step'] == two['step'] == 12  # 44 examples: global batches 8, 8, 8, 8, 8, 4 per epoch
     assert max((one['model'][k] - two['model'][k]).abs().max().item() for k in one['model']) < 1e-6
+
+
+def hangs_on_rank_1():
+    class Hang(Callback):
+        def after_batch(self):
+            if rank() == 1 and self.learn.step == 3: time.sleep(10 ** 6)  # stuck: not dead, not answering
+    learn = Learner(make_model(), loader(dataset(400)), metrics=(), progress=False, cbs=[Hang()])
+    learn.fit(5)
+
+
+def test_launch_names_the_rank_that_hung():
+    with pytest.raises(RuntimeError) as caught:
+        launch(hangs_on_rank_1, nprocs=2, timeout=15)
+    message = str(caught.value)
+    assert message.startswith('rank 1 hung') and 'rank 0 timed out waiting for it' in message, message

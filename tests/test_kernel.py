@@ -57,9 +57,11 @@ def shell_reply(kc, msg_id, timeout=60):
 
 
 def execute(kc, code, timeout=60, **kwargs):
-    "Run `code`; return (reply content, printed text)."
+    "Run `code`; return (reply content, printed text). Replies and output are matched to this request by its id."
     msg_id = kc.execute(code, **kwargs)
+    reply = shell_reply(kc, msg_id, timeout)
     printed = []
+    if reply['content']['status'] == 'aborted': return reply['content'], ''  # never ran: no output to wait for
     deadline = time.time() + timeout
     while True:
         try: msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.time()))
@@ -67,13 +69,16 @@ def execute(kc, code, timeout=60, **kwargs):
         if msg['parent_header'].get('msg_id') != msg_id: continue
         if msg['msg_type'] == 'stream': printed.append(msg['content']['text'])
         if msg['msg_type'] == 'status' and msg['content']['execution_state'] == 'idle': break
-    return shell_reply(kc, msg_id, timeout)['content'], ''.join(printed)
+    return reply['content'], ''.join(printed)
 
 
-def evaluate(kc, expression):
+def evaluate(kc, expression, attempts=20):
     "The value of `expression` in the kernel, read from the execute reply (not from printed output)."
     import ast
-    reply, _ = execute(kc, '', user_expressions={'value': expression})
+    for _ in range(attempts):  # a request that arrives while the kernel still aborts after an error is aborted: ask again
+        reply, _ = execute(kc, '', user_expressions={'value': expression})
+        if reply['status'] != 'aborted': break
+    assert 'user_expressions' in reply, reply
     result = reply['user_expressions']['value']
     assert result['status'] == 'ok', result
     return ast.literal_eval(result['data']['text/plain'])

@@ -9,11 +9,11 @@ from conftest import ROOT
 PACKAGE = ROOT / 'nbtrainer'
 BOTTOM, MIDDLE, TOP = 0, 1, 2
 LAYERS = {
-    'callback': BOTTOM, 'data': BOTTOM, 'rng': BOTTOM, 'metrics': BOTTOM, 'layers': BOTTOM,
+    'callback': BOTTOM, 'checks': BOTTOM, 'data': BOTTOM, 'rng': BOTTOM, 'metrics': BOTTOM, 'layers': BOTTOM,
     'precision': MIDDLE, 'recorder': MIDDLE, 'core': MIDDLE,
     'progress': TOP, 'plotting': TOP, 'checkpoint': TOP, 'loggers': TOP, 'evaluate': TOP, 'diagnose': TOP,
     'schedule': TOP, 'lr_finder': TOP, 'liveplot': TOP, 'distributed': TOP, 'control': TOP, 'dashboard': TOP,
-    'demo': TOP, 'testing': TOP,
+    'demo': TOP, 'testing': TOP, 'early_stopping': TOP,
 }
 NOT_MODULES = {'__init__', '_modidx'}  # the package's front door imports everything; nbdev's index imports nothing
 UI = ('matplotlib', 'ipywidgets', 'tensorboard', 'IPython', 'tqdm.notebook', 'tqdm.auto')
