@@ -1,0 +1,51 @@
+"""Re-execute notebooks in a real Jupyter kernel and save them in place, with their outputs, cleaned of volatile metadata.
+
+    python tools/run_notebooks.py                      # every notebook: nbs/, nbs/tutorials/ and index.ipynb
+    python tools/run_notebooks.py nbs/00_core.ipynb    # some of them
+    python tools/run_notebooks.py -j 2                 # two at a time
+
+The notebooks are the documentation, and a reader (on GitHub, in nbviewer, in the rendered docs) sees only what is
+stored in them, so they are stored executed. Each runs in a fresh kernel, in its own folder, as a user would run it;
+the saved outputs are what that user would see (in a kernel, a fit shows the dashboard, which ends as a static summary).
+A notebook that raises is not saved, and the command exits with an error naming it.
+"""
+import argparse, subprocess, sys, time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def all_notebooks():
+    return sorted(p for p in (ROOT / 'nbs').rglob('*.ipynb') if '.ipynb_checkpoints' not in p.parts) + [ROOT / 'index.ipynb']
+
+
+def run(path, timeout):
+    "Execute `path` in a fresh kernel (in a subprocess, so each notebook starts clean) and save it if every cell ran."
+    code = ('import sys, nbformat; from nbclient import NotebookClient; p = sys.argv[1]; '
+            'nb = nbformat.read(p, as_version=4); '
+            f'NotebookClient(nb, timeout={timeout}, kernel_name="python3", resources={{"metadata": {{"path": sys.argv[2]}}}}).execute(); '
+            'nbformat.write(nb, p)')
+    start = time.time()
+    done = subprocess.run([sys.executable, '-c', code, str(path), str(path.parent)], capture_output=True, text=True)
+    if done.returncode:
+        return f'FAIL {path.relative_to(ROOT)}\n{done.stderr[-3000:]}'
+    subprocess.run(['nbdev-clean', '--fname', str(path)], check=True, cwd=ROOT, capture_output=True)
+    return f'ok   {path.relative_to(ROOT)} ({time.time() - start:.0f} s)'
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('paths', nargs='*', type=Path)
+    parser.add_argument('-j', '--jobs', type=int, default=1)
+    parser.add_argument('--timeout', type=int, default=900, help='seconds a cell may run')
+    args = parser.parse_args()
+    paths = [p.resolve() for p in args.paths] or all_notebooks()
+    with ThreadPoolExecutor(args.jobs) as pool:
+        reports = list(pool.map(lambda p: run(p, args.timeout), paths))
+    print('\n'.join(reports))
+    if any(r.startswith('FAIL') for r in reports): sys.exit(1)
+
+
+if __name__ == '__main__':
+    main()
