@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The UI test drives JupyterLab in Debian's Chromium (never `playwright install`: it downloads, and fails offline).
-if ! command -v chromium >/dev/null; then
+if ! command -v chromium >/dev/null && ! command -v google-chrome >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "== installing chromium for the UI test"
     apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null
