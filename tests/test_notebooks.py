@@ -53,6 +53,7 @@ def test_stored_with_outputs(path):
 @pytest.mark.parametrize('path', ALL_NOTEBOOKS, ids=ids(ALL_NOTEBOOKS))
 def test_stored_outputs_read_without_a_kernel(path):
     "No errors, and no live widget without a static form: a saved notebook would show 'Loading widget...' or `VBox(...)`."
+    assert 'widgets' not in nbformat.read(path, as_version=4).metadata, f'{path.name} stores widget state it does not need'
     for cell in code_cells(path):
         where = f'{path.name}, cell starting {cell.source.splitlines()[0][:60]!r}'
         for out in cell.outputs:

@@ -24,13 +24,14 @@ def run(path, timeout):
     "Execute `path` in a fresh kernel (in a subprocess, so each notebook starts clean) and save it if every cell ran."
     code = ('import sys, nbformat; from nbclient import NotebookClient; p = sys.argv[1]; '
             'nb = nbformat.read(p, as_version=4); '
-            f'NotebookClient(nb, timeout={timeout}, kernel_name="python3", resources={{"metadata": {{"path": sys.argv[2]}}}}).execute(); '
+            f'NotebookClient(nb, timeout={timeout}, kernel_name="python3", store_widget_state=False, '  # outputs are static: no widget state
+            'resources={"metadata": {"path": sys.argv[2]}}).execute(); '
             'nbformat.write(nb, p)')
     start = time.time()
     done = subprocess.run([sys.executable, '-c', code, str(path), str(path.parent)], capture_output=True, text=True)
     if done.returncode:
         return f'FAIL {path.relative_to(ROOT)}\n{done.stderr[-3000:]}'
-    subprocess.run(['nbdev-clean', '--fname', str(path)], check=True, cwd=ROOT, capture_output=True)
+    subprocess.run([str(Path(sys.executable).parent / 'nbdev-clean'), '--fname', str(path)], check=True, cwd=ROOT, capture_output=True)
     return f'ok   {path.relative_to(ROOT)} ({time.time() - start:.0f} s)'
 
 
