@@ -236,26 +236,27 @@ class Checkpointer(Callback):
         writable_folder(self.folder, type(self).__name__)  # now, not at the first save after an epoch of training
         for leftover in self.folder.glob('.*.tmp'): leftover.unlink(missing_ok=True)  # half-written by a killed run
 
-    def _save(self, name):
-        return str(self.learn.save(self.folder / name, batches_file=self.folder / self.BATCHES))
+    def _files(self): return set(self.last) | {b[1] for b in self.kept_best}
 
-    def _remove(self, path):
-        if self.learn.main_process: Path(path).unlink(missing_ok=True)  # under DDP only rank 0 touches files
+    def _save(self, name, keep):
+        "Record what is kept with the new file (`keep(path)`) before saving it, so its own state lists it; then remove what it displaced."
+        path, before = str(self.folder / name), self._files()
+        keep(path)
+        if path in self._files(): self.learn.save(path, batches_file=self.folder / self.BATCHES)
+        if self.learn.main_process:  # under DDP only rank 0 touches files
+            for old in before - self._files(): Path(old).unlink(missing_ok=True)
 
     def _keep_last(self, path):
-        self.last = [p for p in self.last if p != path] + [path]
-        for old in self.last[:-self.keep_last] if self.keep_last else self.last:
-            if all(old != b[1] for b in self.kept_best): self._remove(old)
-        self.last = self.last[-self.keep_last:] if self.keep_last else []
+        self.last = ([p for p in self.last if p != path] + [path])[-self.keep_last:] if self.keep_last else []
 
     def after_batch(self):
         learn = self.learn
         if self.every_steps and learn.step % self.every_steps == 0 and learn.step != getattr(self, '_saved_step', None):
             self._saved_step = learn.step
-            self._keep_last(self._save(f'step-{learn.step}.pt'))
+            self._save(f'step-{learn.step}.pt', self._keep_last)
 
     def after_epoch(self):
-        if self.every_epoch and self.learn.epoch_done: self._keep_last(self._save(f'epoch-{self.learn.epoch}.pt'))
+        if self.every_epoch and self.learn.epoch_done: self._save(f'epoch-{self.learn.epoch}.pt', self._keep_last)
 
     def after_eval(self):
         learn = self.learn
@@ -268,12 +269,11 @@ class Checkpointer(Callback):
             from nbtrainer.distributed import broadcast_object
             score = broadcast_object(score)
         if math.isnan(score) or (len(self.kept_best) >= self.keep_best and score >= self.kept_best[-1][0]): return
-        path = self._save(f'best-{learn.step}.pt')
-        self.kept_best = sorted([b for b in self.kept_best if b[1] != path] + [(score, path, {k: v for k, v in row.items() if k != 'time'})],
-                           key=lambda b: b[0])
-        for _, old, _ in self.kept_best[self.keep_best:]:
-            if old not in self.last: self._remove(old)
-        self.kept_best = self.kept_best[:self.keep_best]
+        entry = lambda path: (score, path, {k: v for k, v in row.items() if k != 'time'})
+        def keep(path):
+            ranked = sorted([b for b in self.kept_best if b[1] != path] + [entry(path)], key=lambda b: b[0])
+            self.kept_best = ranked[:self.keep_best]
+        self._save(f'best-{learn.step}.pt', keep)
 
     def latest(self):
         "The newest checkpoint this callback kept or, in a fresh process, the newest in its folder; None if there is none."
@@ -299,7 +299,9 @@ class Checkpointer(Callback):
         newest = _newest_file(self.folder)
         if newest is None: return {'last': [], 'best': []}
         states = read_checkpoint(newest).get('callbacks', {}).values()
-        return next((st for st in states if {'last', 'best'} <= set(st)), {'last': [], 'best': []})
+        kept = next((st for st in states if {'last', 'best'} <= set(st)), {'last': [], 'best': []})
+        return {'last': [p for p in kept['last'] if Path(p).exists()],  # a file someone deleted is not kept
+                'best': [b for b in kept['best'] if Path(b[1]).exists()]}
 
     def state_dict(self):
         return {'last': list(self.last), 'best': [[s, p, dict(r)] for s, p, r in self.kept_best]}

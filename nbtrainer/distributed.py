@@ -85,6 +85,12 @@ def shard_loader(dl, shuffle=None, seed=0, rank=None, world=None):
     if dl.batch_size is None or not isinstance(dl.sampler, (RandomSampler, SequentialSampler)):
         raise ValueError('cannot shard a DataLoader with a custom sampler or batch_sampler: give it a '
                          'torch.utils.data.DistributedSampler yourself (see nbs/15_distributed.ipynb)')
+    if isinstance(dl.sampler, RandomSampler) and (dl.sampler.replacement or dl.sampler.num_samples != len(dl.dataset)):
+        raise ValueError(f'cannot shard a DataLoader whose RandomSampler draws {dl.sampler.num_samples} of '
+                         f'{len(dl.dataset)} examples{" with replacement" if dl.sampler.replacement else ""}: '
+                         'a DistributedSampler makes whole passes. For a fixed number of steps per epoch use an endless '
+                         'IterableDataset sharded by rank() with fit(steps=..., eval_every=...) '
+                         '(nbs/tutorials/tf_distribute.ipynb)')
     if rank is None: rank = dist.get_rank() if is_distributed() else 0
     if world is None: world = dist.get_world_size() if is_distributed() else 1
     if shuffle is None: shuffle = isinstance(dl.sampler, RandomSampler)
