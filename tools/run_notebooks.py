@@ -20,18 +20,27 @@ def all_notebooks():
     return sorted(p for p in (ROOT / 'nbs').rglob('*.ipynb') if '.ipynb_checkpoints' not in p.parts) + [ROOT / 'index.ipynb']
 
 
+def execute(path, timeout):
+    "Run every cell of `path` in a fresh kernel started in its folder; store the outputs as a reader should see them."
+    import nbformat
+    from nbclient import NotebookClient
+    from nbconvert.preprocessors import CoalesceStreamsPreprocessor
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=timeout, kernel_name='python3', store_widget_state=False,  # outputs are static
+                   resources={'metadata': {'path': str(path.parent)}}).execute()
+    CoalesceStreamsPreprocessor().preprocess(nb, {})  # one text output per cell, progress redraws (\r) collapsed
+    nbformat.write(nb, path)
+
+
 def run(path, timeout):
-    "Execute `path` in a fresh kernel (in a subprocess, so each notebook starts clean) and save it if every cell ran."
-    code = ('import sys, nbformat; from nbclient import NotebookClient; p = sys.argv[1]; '
-            'nb = nbformat.read(p, as_version=4); '
-            f'NotebookClient(nb, timeout={timeout}, kernel_name="python3", store_widget_state=False, '  # outputs are static: no widget state
-            'resources={"metadata": {"path": sys.argv[2]}}).execute(); '
-            'nbformat.write(nb, p)')
+    "Execute `path` in a subprocess (each notebook starts clean) and clean it, if every cell ran; a report line."
     start = time.time()
-    done = subprocess.run([sys.executable, '-c', code, str(path), str(path.parent)], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, __file__, '--execute', str(path), '--timeout', str(timeout)],
+                          capture_output=True, text=True)
     if done.returncode:
         return f'FAIL {path.relative_to(ROOT)}\n{done.stderr[-3000:]}'
-    subprocess.run([str(Path(sys.executable).parent / 'nbdev-clean'), '--fname', str(path)], check=True, cwd=ROOT, capture_output=True)
+    subprocess.run([str(Path(sys.executable).parent / 'nbdev-clean'), '--fname', str(path)], check=True, cwd=ROOT,
+                   capture_output=True)
     return f'ok   {path.relative_to(ROOT)} ({time.time() - start:.0f} s)'
 
 
@@ -40,7 +49,9 @@ def main():
     parser.add_argument('paths', nargs='*', type=Path)
     parser.add_argument('-j', '--jobs', type=int, default=1)
     parser.add_argument('--timeout', type=int, default=900, help='seconds a cell may run')
+    parser.add_argument('--execute', type=Path, help=argparse.SUPPRESS)  # the subprocess that runs one notebook
     args = parser.parse_args()
+    if args.execute: return execute(args.execute.resolve(), args.timeout)
     paths = [p.resolve() for p in args.paths] or all_notebooks()
     with ThreadPoolExecutor(args.jobs) as pool:
         reports = list(pool.map(lambda p: run(p, args.timeout), paths))
