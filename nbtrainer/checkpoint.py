@@ -47,13 +47,12 @@ def _callback_keys(learn):
     return keys
 
 def _position(learn):
-    "Where to resume: mid-epoch (batches done, with the epoch-start random state) or at the next epoch."
+    "Where to resume: the epoch, and the pass over the training data under way (batches done, the random state at its start)."
     validating = learn.fitting and not learn.training  # validation runs on a forked random state
     rng = learn.rng_outside_validation if validating else rng_state(learn.train_dl)
-    if learn.fitting and not learn.epoch_done:
-        return {'epoch': learn.epoch, 'batches_done': learn.batches_done, 'epoch_start': learn.epoch_start_state, 'rng': rng}
-    next_epoch = learn.epoch + 1 if learn.fitting else learn.epoch  # inside fit, epoch counts up after after_epoch
-    return {'epoch': next_epoch, 'batches_done': 0, 'rng': rng}
+    epoch = learn.epoch + 1 if learn.fitting and learn.epoch_done else learn.epoch  # inside fit, epoch counts up after after_epoch
+    if not learn.mid_pass: return {'epoch': epoch, 'batches_done': 0, 'rng': rng}
+    return {'epoch': epoch, 'batches_done': learn.batches_done, 'epoch_start': learn.epoch_start_state, 'rng': rng}
 
 def _atomic_save(obj, path):
     path = Path(path)
@@ -210,7 +209,7 @@ def load(learn, path, weights_only=False, check_data=True):
     if not learn.main_process: learn.recorder.clear_since_row()  # under DDP the saved sums are every rank's: rank 0 holds them
     position = state['position']
     learn.epoch = position['epoch']
-    if position['batches_done']: learn.resume_position = position  # the loop replays the epoch's order and skips ahead
+    if 'epoch_start' in position: learn.resume_position = position  # the loop replays the pass's order and skips ahead
     else: set_rng_state(position['rng'], learn.train_dl)
     return state
 

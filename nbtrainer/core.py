@@ -82,7 +82,8 @@ class Learner:
         self._lr, self.opt = hyperparameter('lr', lr), None
         self.create_opt()
         self.epoch = self.step = self.batches_done = self.last_eval_step = 0
-        self.training = self.fitting = self.epoch_done = self.accumulating = False
+        self.training = self.fitting = self.epoch_done = self.accumulating = self.mid_pass = False
+        self.steps_per_epoch = self._pass = self._pass_dl = None  # the pass over train_dl under way, and its loader
         self.fit_start, self.resume_position, self.grad_norm, self.eval_prefix = (0, 0), None, None, ''
         self.evaluating, self.model_output, self._forward_names = False, None, (None, None)
         self.fit_outcome = self.fit_exception = None
@@ -383,16 +384,17 @@ def _drop_window(self):
 
 # %% ../nbs/00_core.ipynb #9934d3f1
 @patch_to(Learner)
-def _train_batches(self):
-    "The epoch's batches and the index of the first; a resumed epoch replays its order and skips those done."
+def _start_pass(self):
+    "Start a pass over `train_dl`; a resumed pass replays its order and skips the batches done. Returns how many it skipped."
     resume, self.resume_position = self.resume_position, None
     if resume: set_rng_state(resume['epoch_start'], self.train_dl)
-    self.epoch_start_state = rng_state(self.train_dl)  # what fixes this epoch's order: checkpoints keep it
-    batches = iter(self.train_dl)
-    if not resume: return 0, batches
-    for _ in range(resume['batches_done']): next(batches)
-    set_rng_state(resume['rng'], self.train_dl)
-    return resume['batches_done'], batches
+    self.epoch_start_state = rng_state(self.train_dl)  # what fixes this pass's order: checkpoints keep it
+    batches, start = iter(self.train_dl), resume['batches_done'] if resume else 0
+    for _ in range(start): next(batches)
+    if resume: set_rng_state(resume['rng'], self.train_dl)
+    self._pass, self._pass_dl, self.batches_done, self.mid_pass = enumerate(batches, start), self.train_dl, start, True
+    self._epoch_batches, self._epoch_sizes = loader_length(self.train_dl), batch_sizes(self.train_dl)
+    return start
 
 @patch_to(Learner)
 def _do_train(self):
@@ -400,20 +402,27 @@ def _do_train(self):
     self.dl = self.train_dl
     self.model.train()
     self._check_next = True
-    self._epoch_batches, self._epoch_sizes = loader_length(self.train_dl), batch_sizes(self.train_dl)
     self._drop_window()
-    start, batches = self._train_batches()
-    self.batches_done = start
-    if start: self._evaluate_if_due()  # resumed right after a step whose evaluation had not run yet
-    self.iter = start - 1
-    for self.iter, batch in enumerate(batches, start):
+    end = self._end_step
+    if self.steps_per_epoch: end = min(end, self.fit_start[1] + (self.epoch - self.fit_start[0] + 1) * self.steps_per_epoch)
+    if self.resume_position or not (self.steps_per_epoch and self._pass_dl is self.train_dl): self.mid_pass = False
+    while self.step < end:
+        if not self.mid_pass and self._start_pass(): self._evaluate_if_due()  # resumed right after a step whose evaluation had not run
+        if self._train_pass(end) and not self.steps_per_epoch: break  # the pass ran out: so did the epoch
+    self.accumulating = False
+
+@patch_to(Learner)
+def _train_pass(self, end):
+    "Train on the current pass until step `end`; True if the pass ran out first."
+    for self.iter, batch in self._pass:
         self.batches_done = self.iter + 1  # taken from the loader, as a checkpoint in after_batch must know
         self._one_batch(batch)
         self._evaluate_if_due()
-        if self.step >= self._end_step: break
-    if self.iter < 0: raise ValueError('train_dl yielded no batches: the training loader is empty')
+        if self.step >= end: return False
+    if self.batches_done == 0: raise ValueError('train_dl yielded no batches: the training loader is empty')
     if self._window_batches: self.apply_step()  # a trailing window the loader's length did not announce
-    self.accumulating = False
+    self.mid_pass = False
+    return True
 
 @patch_to(Learner)
 def _evaluate_if_due(self):
@@ -424,27 +433,28 @@ def _do_epoch(self):
     self.epoch_done = False
     self._with_events(self._do_train, 'train', CancelTrainException)
     self.epoch_done = True  # training of this epoch is complete: a checkpoint from now on resumes at the next
+    if not self.steps_per_epoch: self.mid_pass = False  # the next epoch starts a pass of its own
     if not self.eval_every: self._evaluate()
 
 # %% ../nbs/00_core.ipynb #d5c818f1
 @patch_to(Learner)
-def fit(self, epochs=None, *, steps=None, eval_every=None, eval_subset=None, cbs=(), lr=None, reset_opt=False,
-        resume=None):
+def fit(self, epochs=None, *, steps=None, steps_per_epoch=None, eval_every=None, eval_subset=None, cbs=(), lr=None,
+        reset_opt=False, resume=None):
     "Train for `epochs` epochs, or `steps` optimizer steps; validate each epoch or every `eval_every` steps."
     if not self._fit_lock.acquire(blocking=False):
         raise RuntimeError('a fit is already running on this Learner (started by fit, fit_async, a callback or another '
                            'thread): wait for it to end, or stop it first (learn.controls.stop())')
     try:
-        self._plan_fit(epochs, steps, eval_every, eval_subset, lr, reset_opt, resume)
+        self._plan_fit(epochs, steps, steps_per_epoch, eval_every, eval_subset, lr, reset_opt, resume)
         cbs = self.add_cbs(cbs)
         try: self._run_fit()
         finally: self.remove_cbs(cbs)
     finally: self._fit_lock.release()
 
 @patch_to(Learner)
-def _plan_fit(self, epochs, steps, eval_every, eval_subset, lr, reset_opt, resume):
+def _plan_fit(self, epochs, steps, steps_per_epoch, eval_every, eval_subset, lr, reset_opt, resume):
     if (epochs is None) == (steps is None): raise ValueError('fit needs exactly one of epochs= or steps=')
-    for name, v in (('epochs', epochs), ('steps', steps), ('eval_every', eval_every)):
+    for name, v in (('epochs', epochs), ('steps', steps), ('steps_per_epoch', steps_per_epoch), ('eval_every', eval_every)):
         if v is not None and not (isinstance(v, int) and v > 0): raise ValueError(f'{name} must be an int > 0, got {v!r}')
     n_batches = loader_length(self.train_dl)
     if n_batches == 0: raise ValueError('train_dl yielded no batches: the training loader is empty')
@@ -454,8 +464,9 @@ def _plan_fit(self, epochs, steps, eval_every, eval_subset, lr, reset_opt, resum
     if resume: self.resume(resume)  # nbtrainer.checkpoint: the whole state back, fit_start and mid-epoch position included
     if reset_opt: self.create_opt()
     if lr is not None: self.lr = lr
-    self.n_epochs, self.eval_every = epochs, eval_every
-    self.n_steps = steps or (epochs * math.ceil(n_batches / self.accumulate) if n_batches else None)
+    self.n_epochs, self.eval_every, self.steps_per_epoch = epochs, eval_every, steps_per_epoch
+    per_epoch = steps_per_epoch or (math.ceil(n_batches / self.accumulate) if n_batches else None)
+    self.n_steps = steps or (epochs * per_epoch if per_epoch else None)
     self._end_epoch = self.fit_start[0] + epochs if epochs else math.inf
     self._end_step = self.fit_start[1] + steps if steps else math.inf
     self._eval_dl, self.eval_prefix = self.valid_dl, ''
@@ -487,6 +498,7 @@ def _run_fit(self):
         add_note(error, f'while cleaning up, {type(cleanup_error).__name__}: {cleanup_error}')
     finally:
         self.fitting, self._fit_thread = False, None
+        if not self.steps_per_epoch: self.mid_pass = False  # only a fit of steps_per_epoch leaves its pass to the next
         self._set_phase(False)
         self.model.train()
     if error is not None: raise error
