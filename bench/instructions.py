@@ -27,6 +27,9 @@ def child(mode, steps):
         from nbtrainer import Checkpointer, CSVLogger, TensorBoardLogger
         out = tempfile.mkdtemp()
         learn.add_cbs([CSVLogger(f'{out}/log.csv'), TensorBoardLogger(f'{out}/tb'), Checkpointer(f'{out}/ckpt', keep_best=0)])
+    if mode == 'tracker':  # the experiment registry: a run row at the start, a history row per evaluation, a heartbeat thread
+        from nbtrainer import Tracker
+        learn.add_cbs([Tracker(f'{tempfile.mkdtemp()}/runs.db')])
     learn.fit(1)
 
 
@@ -49,11 +52,12 @@ def main():
     args = parser.parse_args()
     if args.child: return child(args.child[0], int(args.child[1]))
     per_step = {}
-    for mode in ('hand', 'learner', 'logging'):
+    for mode in ('hand', 'learner', 'logging', 'tracker'):
         per_step[mode] = (count(mode, args.long) - count(mode, args.short)) / (args.long - args.short)
         print(f'  {mode:<8} {per_step[mode] / 1e6:8.3f} M instructions per step (validation included)')
     print(f'  learn.fit / hand-written: {per_step["learner"] / per_step["hand"]:.4f}x instructions per step')
     print(f'  with CSV + TensorBoard + checkpoint / hand-written: {per_step["logging"] / per_step["hand"]:.4f}x')
+    print(f'  with a Tracker / hand-written: {per_step["tracker"] / per_step["hand"]:.4f}x')
 
 
 if __name__ == '__main__':
