@@ -422,19 +422,19 @@ class Runs(list):
         return f'<table class="nbtrainer-runs"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
     def histories(self):
-        "{run id: history rows} of these runs, read in one query (and kept as each run's `.history`)."
-        wanted = {r.id: r for r in self if 'history' not in vars(r)}
-        found = {i: [] for i in wanted}
-        ids = list(wanted)
-        if ids:
-            db = next(iter(wanted.values())).db
+        "The runs' histories, in order, read in one query per database (and kept as each run's `.history`)."
+        unread = {}
+        for r in self:
+            if 'history' not in vars(r): unread.setdefault(r.db, {})[r.id] = r
+        for db, wanted in unread.items():
+            found, ids = {i: [] for i in wanted}, list(wanted)
             with closing(connect(db)) as con, _clear_errors(db):
                 for start in range(0, len(ids), 500):
                     chunk = ids[start:start + 500]
                     query = f'SELECT run, row FROM evals WHERE run IN ({",".join("?" * len(chunk))}) ORDER BY run, seq'
                     for run_id, row in con.execute(query, chunk): found[run_id].append(json.loads(row))
-        for i, history in found.items(): wanted[i].history = history
-        return {r.id: r.history for r in self}
+            for i, history in found.items(): wanted[i].history = history
+        return [r.history for r in self]
 
     def to_pandas(self):
         "One row per run (indexed by id): status, times, best value, notes, tags, every config key, and the final row's values as `final_*`."
@@ -461,15 +461,15 @@ class Runs(list):
         fig = Figure(figsize=(8, 4))
         ax = fig.add_subplot()
         drawn = 0
-        for r in self:
-            points = [(row['step'], v) for row in histories[r.id]
+        for r, history in zip(self, histories):
+            points = [(row['step'], v) for row in history
                       if (v := monitored_value(row, metric)) is not None and isinstance(v, (int, float)) and math.isfinite(v)]
             if not points: continue
             label = ', '.join([f'run {r.id}', *(f'{k}={_fmt(r.config.get(k))}' for k in config)])
             ax.plot([s for s, _ in points], [v for _, v in points], 'o-' if len(points) <= 30 else '-', ms=3, label=label)
             drawn += 1
         if not drawn:
-            columns = sorted({k for h in histories.values() for row in h for k in row})
+            columns = sorted({k for h in histories for row in h for k in row})
             raise ValueError(f'no run has {metric!r} in its history (its columns: {columns})')
         ax.set_xlabel('step')
         ax.set_ylabel(metric)
