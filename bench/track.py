@@ -2,6 +2,7 @@
 
 1. `Tracker.after_eval` (one history row, the best value, the heartbeat: one transaction) timed inside real fits that
    evaluate after every step, on the local disk; with --writers N, N processes write the same database at once.
+   Then one heartbeat (the update the Tracker's thread makes every 10 s).
 2. `runs()` over a registry of 1,000 runs of 100 evaluations each (written through the same schema), then the table,
    every history, and a plot of ten runs.
 
@@ -95,6 +96,19 @@ def main():
         q = lambda p: t[min(len(t) - 1, int(p * len(t)))] * 1e3
         print(f'   {writers} writer(s), {len(t)} rows: median {q(0.5):.3f} ms, p95 {q(0.95):.3f} ms, p99 {q(0.99):.3f} ms, '
               f'max {t[-1] * 1e3:.1f} ms')
+
+    from nbtrainer.track import connect, transaction
+    beat_db = Path(tempfile.mkdtemp()) / 'beat.db'
+    with closing(connect(beat_db, create=True)) as con:  # what the heartbeat thread does every beat_every (10) seconds
+        with transaction(con):
+            con.execute("INSERT INTO runs (status, started, heartbeat, beat_every, config) VALUES ('running', 0, 0, 10, '{}')")
+        beats = []
+        for _ in range(args.evals):
+            start = time.perf_counter()
+            with transaction(con): con.execute("UPDATE runs SET heartbeat = ? WHERE id = 1 AND status = 'running'", (time.time(),))
+            beats.append(time.perf_counter() - start)
+    beat = statistics.median(beats)
+    print(f'   a heartbeat: median {beat * 1e3:.3f} ms, every 10 s: {beat / 10:.1e} of the wall time')
 
     db = Path(tempfile.mkdtemp()) / 'registry.db'
     start = time.perf_counter()

@@ -351,6 +351,10 @@ class Run:
         self.notes, self.tags = notes, tags
         return self
 
+    def plot(self, metric='valid_loss', path=None):
+        "The run's `metric` curve (see `Runs.plot`)."
+        return Runs([self]).plot(metric, path)
+
     def __repr__(self):
         return f'Run({self.id}, study={self.study!r}, status={self.status!r}, best={self.best})'
 
