@@ -39,7 +39,7 @@ def child(mode, steps):
 
 def count(mode, steps):
     "Instructions executed by a child process running `mode` for `steps` steps."
-    env = dict(os.environ, OPENBLAS_NUM_THREADS='1', OMP_NUM_THREADS='1')  # idle BLAS threads spin: noise
+    env = dict(os.environ, OPENBLAS_NUM_THREADS='1', OMP_NUM_THREADS='1', PYTHONHASHSEED='0')  # idle BLAS threads spin, and set orders vary: noise
     with tempfile.TemporaryDirectory() as tmp:
         run = subprocess.run(['valgrind', '--tool=callgrind', f'--callgrind-out-file={tmp}/out', sys.executable,
                               __file__, '--child', mode, str(steps)], capture_output=True, text=True, env=env)
