@@ -4,9 +4,11 @@ Same setup as bench/overhead.py. Each loop runs in its own process under callgri
 epoch (validation set a fifth of it); the difference divided by the extra steps is the cost per step with
 start-up and per-fit costs removed. Progress bars are off here: they refresh by wall time, and under valgrind
 every step is ~100x slower, so they would refresh ~100x more often than in real use (bench/overhead.py times
-them). Needs valgrind (apt-get install valgrind). Takes a few minutes.
+them). For the same reason the Tracker's heartbeat (every 10 s of wall time) is off; bench/track.py times a beat.
+Needs valgrind (apt-get install valgrind). Takes a few minutes.
 
-    python bench/instructions.py [--short 20] [--long 120]
+    python bench/instructions.py [--short 20] [--long 120] [--modes hand learner logging train_metrics tracker]
+
 """
 import argparse, os, re, subprocess, sys, tempfile
 
@@ -28,12 +30,17 @@ def child(mode, steps):
         from nbtrainer import Checkpointer, CSVLogger, TensorBoardLogger
         out = tempfile.mkdtemp()
         learn.add_cbs([CSVLogger(f'{out}/log.csv'), TensorBoardLogger(f'{out}/tb'), Checkpointer(f'{out}/ckpt', keep_best=0)])
+    if mode == 'tracker':  # the experiment registry: a run row at the start, a history row per evaluation
+        from nbtrainer import Tracker
+        tracker = Tracker(f'{tempfile.mkdtemp()}/runs.db')
+        tracker.beat_every = 1e9  # its heartbeat thread beats by wall time, like the bars: bench/track.py times a beat
+        learn.add_cbs([tracker])
     learn.fit(1)
 
 
 def count(mode, steps):
     "Instructions executed by a child process running `mode` for `steps` steps."
-    env = dict(os.environ, OPENBLAS_NUM_THREADS='1', OMP_NUM_THREADS='1')  # idle BLAS threads spin: noise
+    env = dict(os.environ, OPENBLAS_NUM_THREADS='1', OMP_NUM_THREADS='1', PYTHONHASHSEED='0')  # idle BLAS threads spin, and set orders vary: noise
     with tempfile.TemporaryDirectory() as tmp:
         run = subprocess.run(['valgrind', '--tool=callgrind', f'--callgrind-out-file={tmp}/out', sys.executable,
                               __file__, '--child', mode, str(steps)], capture_output=True, text=True, env=env)
@@ -46,16 +53,21 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--short', type=int, default=20)
     parser.add_argument('--long', type=int, default=120)
+    modes = ['hand', 'learner', 'logging', 'train_metrics', 'tracker']
+    parser.add_argument('--modes', nargs='+', default=modes, choices=modes)
     parser.add_argument('--child', nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child: return child(args.child[0], int(args.child[1]))
     per_step = {}
-    for mode in ('hand', 'learner', 'logging', 'train_metrics'):
+    for mode in args.modes:
         per_step[mode] = (count(mode, args.long) - count(mode, args.short)) / (args.long - args.short)
-        print(f'  {mode:<8} {per_step[mode] / 1e6:8.3f} M instructions per step (validation included)')
-    print(f'  learn.fit / hand-written: {per_step["learner"] / per_step["hand"]:.4f}x instructions per step')
-    print(f'  with CSV + TensorBoard + checkpoint / hand-written: {per_step["logging"] / per_step["hand"]:.4f}x')
-    print(f'  with train_metrics=("accuracy",) / hand-written: {per_step["train_metrics"] / per_step["hand"]:.4f}x')
+        print(f'  {mode:<8} {per_step[mode] / 1e6:8.3f} M instructions per step (validation included)', flush=True)
+    ratios = (('learner', 'hand', 'learn.fit / hand-written'),
+              ('logging', 'hand', 'with CSV + TensorBoard + checkpoint / hand-written'),
+              ('train_metrics', 'hand', 'with train_metrics=("accuracy",) / hand-written'),
+              ('tracker', 'hand', 'with a Tracker / hand-written'), ('tracker', 'learner', 'with a Tracker / learn.fit without it'))
+    for a, b, name in ratios:
+        if a in per_step and b in per_step: print(f'  {name}: {per_step[a] / per_step[b]:.4f}x instructions per step')
 
 
 if __name__ == '__main__':

@@ -35,14 +35,18 @@ from .distributed import (init_distributed, is_main_process, launch, rank, reque
                                    world_size)
 from .control import Controls
 from .dashboard import Dashboard
+from .track import MLflowLogger, Run, Runs, Tracker, runs
 
-__all__ = ['Accuracy', 'CSVLogger', 'Callback', 'CancelBackwardException', 'CancelBatchException', 'CancelEpochException',
-           'CancelFitException', 'CancelStepException', 'CancelTrainException', 'CancelValidateException', 'Checkpointer',
-           'ConfusionMatrix', 'Controls', 'Dashboard', 'DataWait', 'DataWaitWarning', 'DevicePrefetcher', 'EVENTS',
-           'EarlyStopping', 'Evaluation', 'F1', 'FunctionCallback', 'FunctionMetric', 'GhostBatchNorm', 'LRFinder', 'LRFinderResult', 'Learner', 'LivePlot', 'Loss', 'MCC',
-           'Mean', 'Metric', 'MixedPrecision', 'NonFiniteLossError', 'Order', 'ParamScheduler', 'Perplexity', 'Precision',
-           'ProgressCallback', 'Recall', 'Recorder', 'Report', 'SavePredictions', 'Schedule', 'Segment', 'SkipNonFinite',
-           'TensorBoardLogger', 'TopKAccuracy', 'batch_size', 'default_device', 'eval_loader', 'get_metric',
-           'init_distributed', 'is_main_process', 'launch', 'monitored_value', 'one_cycle', 'patch_to', 'plain_state_dict',
-           'plot_history', 'preserve_rng', 'rank', 'read_checkpoint', 'rebatch', 'request_stop', 'rng_state',
-           'set_rng_state', 'shard_loader', 'subset_loader', 'suggest_lrs', 'to_device', 'world_size']
+__all__ = ['Accuracy', 'CSVLogger', 'Callback', 'CancelBackwardException', 'CancelBatchException',
+           'CancelEpochException', 'CancelFitException', 'CancelStepException', 'CancelTrainException',
+           'CancelValidateException', 'Checkpointer', 'ConfusionMatrix', 'Controls', 'Dashboard', 'DataWait',
+           'DataWaitWarning', 'DevicePrefetcher', 'EVENTS', 'EarlyStopping', 'Evaluation', 'F1',
+           'FunctionCallback', 'FunctionMetric', 'GhostBatchNorm', 'LRFinder', 'LRFinderResult', 'Learner',
+           'LivePlot', 'Loss', 'MCC', 'MLflowLogger', 'Mean', 'Metric', 'MixedPrecision',
+           'NonFiniteLossError', 'Order', 'ParamScheduler', 'Perplexity', 'Precision', 'ProgressCallback',
+           'Recall', 'Recorder', 'Report', 'Run', 'Runs', 'SavePredictions', 'Schedule', 'Segment',
+           'SkipNonFinite', 'TensorBoardLogger', 'TopKAccuracy', 'Tracker', 'batch_size', 'default_device',
+           'eval_loader', 'get_metric', 'init_distributed', 'is_main_process', 'launch', 'monitored_value',
+           'one_cycle', 'patch_to', 'plain_state_dict', 'plot_history', 'preserve_rng', 'rank',
+           'read_checkpoint', 'rebatch', 'request_stop', 'rng_state', 'runs', 'set_rng_state', 'shard_loader',
+           'subset_loader', 'suggest_lrs', 'to_device', 'world_size']
