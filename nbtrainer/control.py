@@ -153,24 +153,32 @@ class Controls(Callback):
 @patch_to(Learner)
 def fit_async(learn, epochs=None, *, steps=None, eval_every=None, eval_subset=None, cbs=(), lr=None,
               reset_opt=False, resume=None):
-    "Start `fit` in a worker thread now and return an awaitable of its result: `await` it to wait, or let it train in the background."
+    "Start `fit` in a worker thread and return, once it has begun, an awaitable of its result: `await` it to wait, or let it train in the background."
     if learn.fitting: raise RuntimeError('a fit is already running on this Learner: wait for it to end, or stop it first')
     controls = next((cb for cb in learn.cbs if isinstance(cb, Controls)), None)  # the Learner's own, if any
     own = [] if controls is not None else [controls := Controls()]  # else one for this fit only
-    done = concurrent.futures.Future()
+    done, started = concurrent.futures.Future(), threading.Event()
 
     def work():
         try: done.set_result(learn.fit(epochs, steps=steps, eval_every=eval_every, eval_subset=eval_subset,
-                                       cbs=[*cbs, *own], lr=lr, reset_opt=reset_opt, resume=resume))
+                                       cbs=[*cbs, *own, _Started(started)], lr=lr, reset_opt=reset_opt, resume=resume))
         except BaseException as e: done.set_exception(e)
+        finally: started.set()  # a fit that failed before it began
 
     context = contextvars.copy_context()  # the caller's: Jupyter sends the fit's output to the calling cell
     thread = threading.Thread(target=context.run, args=(work,), name='nbtrainer-fit', daemon=True)
     thread.start()
+    started.wait()  # the fit has begun (the dashboard is shown) before the caller goes on
     waiting = _wait_for_fit(learn, done, thread, controls)
     try: loop = asyncio.get_running_loop()
     except RuntimeError: return waiting  # no loop yet (a script): asyncio.run(...) awaits it
     return loop.create_task(waiting)  # already training: await the task, or let the fit run in the background
+
+class _Started(Callback):
+    "Tells `fit_async` that the fit has begun: every other callback's `before_fit` has run."
+    order = Order.CONTROL + 1
+    def __init__(self, event): self.event = event
+    def before_fit(self): self.event.set()
 
 async def _wait_for_fit(learn, done, thread, controls):
     "Wait for the fit in `thread`, waking often: Jupyter delivers an interrupt (a cancel) only when the loop wakes."

@@ -59,12 +59,12 @@ class _Plot(LivePlot):
 _HINT = ('Buttons work with <code>learn.fit_async(...)</code>: a plain <code>fit</code> keeps the kernel busy '
          'until it ends. To stop this fit, interrupt the kernel.')
 _LIVE_TEXT = 'Training dashboard (live while the fit runs; a static summary replaces it when the fit ends)'
-_CELL = 'padding:1px 8px;text-align:right;white-space:nowrap'
-_TABLE = 'border-collapse:collapse;table-layout:fixed;font-size:12px;font-variant-numeric:tabular-nums;margin:0'
+_CELL = 'padding:1px 6px;text-align:right;white-space:nowrap;font-weight:normal;overflow:hidden'
+_TABLE = 'border-collapse:collapse;table-layout:fixed;font-size:12px;line-height:18px;font-variant-numeric:tabular-nums;margin:0'
 
 def _cells(values, keys, tag='td'):
     "A table row's cells, each of a fixed width (in characters) so that separate rows line up."
-    return ''.join(f'<{tag} style="{_CELL};width:{max(len(k), 8) + 2}ch">{html.escape(v)}</{tag}>'
+    return ''.join(f'<{tag} style="{_CELL};width:{7 * (max(len(k), 7) + 2)}px">{html.escape(v)}</{tag}>'
                    for k, v in zip(keys, values))
 
 def _row_values(row, keys): return [format_row(row, [k]).strip() if k in row else '' for k in keys]
@@ -120,6 +120,7 @@ class Dashboard(Callback):
         self.lr_box = W.FloatText(value=learn.lr, description='LR', continuous_update=False, layout=W.Layout(width='170px'))
         self.lr_button = W.Button(description='Set LR', tooltip='use this learning rate from the next step (or press Enter in the field)')
         self.status = W.Label()
+        self.status.add_class('nbtrainer-status')
         self.hint = W.HTML() if self.live else W.HTML(f'<i>{_HINT}</i>')
         self.buttons = (self.stop_button, self.pause_button, self.save_button, self.lr_box, self.lr_button)
         for b in self.buttons: b.disabled = not self.live
@@ -131,7 +132,8 @@ class Dashboard(Callback):
             self.lr_box.observe(self._on_lr, names='value')  # Enter (or leaving the field) applies it
             controls.listeners.append(self._show_status)  # feedback while the loop is held, too
         self.image = W.Image(format='png', layout=W.Layout(display='none'))  # no slot until the first frame
-        self._row_layout, self._row_widgets, self._keys = W.Layout(), [], None  # one layout shared by every row
+        self._row_layout = W.Layout(margin='0', height='auto', min_height='0')  # one layout, shared by every row
+        self._row_widgets, self._keys = [], None
         self.header = W.HTML(layout=self._row_layout)
         self.table = W.VBox([self.header], layout=W.Layout(margin='0 0 0 12px'))
         view = W.HBox([self.image, self.table], layout=W.Layout(flex_flow='row wrap', align_items='flex-start'))

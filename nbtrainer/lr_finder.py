@@ -22,17 +22,18 @@ from .recorder import smooth, smoothing_beta
 # %% ../nbs/13_lr_finder.ipynb #d5cc9402
 def _start_level(losses, margin=0.1):
     """The loss before the lr matters, and how far from it counts as a change: the median of the first 5 points (a fixed
-    number: a longer test does not move it), and `margin` of it, or the spread of those points if wider (a noisy start;
-    only once there are 10 points: in a shorter curve the first 5 are not a flat start)."""
+    number: a longer test does not move it), and `margin` of it, or the spread of those points if wider (a noisy start,
+    as when the model is already trained; in a curve of 5 points or fewer they are all there is, not a start)."""
     head = np.asarray(losses[:5], dtype=float)
     if len(head) == 0: return math.nan, 0.0
     start = float(np.median(head))
-    return start, max(margin * abs(start), float(head.max() - head.min()) if len(losses) >= 10 else 0.0)
+    return start, max(margin * abs(start), float(head.max() - head.min()) if len(losses) > 5 else 0.0)
 
 def divergence(losses, margin=0.1, div_factor=4):
     """Index of the first point of the divergent tail of a range test's smoothed `losses` (their length if none): the
-    first non-finite loss, or the first after the lowest that exceeds `div_factor` x the lowest, or, once the loss has
-    fallen clearly below its starting level, climbs back above it by as much (`_start_level`'s margin)."""
+    first non-finite loss, or the first point after the lowest that is clearly above the starting level (by
+    `_start_level`'s margin) once the loss has either fallen clearly below that level or risen to `div_factor` x its
+    lowest. The first 5 points set the level: none of them diverges."""
     losses = np.asarray(losses, dtype=float)
     finite = np.isfinite(losses)
     end = len(losses) if finite.all() else int(np.argmin(finite))
@@ -41,8 +42,8 @@ def divergence(losses, margin=0.1, div_factor=4):
     low = int(np.argmin(losses[:end]))
     lowest = losses[low]
     descended = low >= 5 and lowest < start - band  # a real descent, after the points that set the level
-    for i in range(low + 1, end):
-        if (lowest > 0 and losses[i] > div_factor * lowest) or (descended and losses[i] > start + band): return i
+    for i in range(max(low + 1, 5), end):
+        if losses[i] > start + band and (descended or (lowest > 0 and losses[i] > div_factor * lowest)): return i
     return end
 
 class LRFinder(Callback):
@@ -54,7 +55,7 @@ class LRFinder(Callback):
         if not (start_lr > 0 and end_lr > start_lr): raise ValueError(f'need 0 < start_lr < end_lr, got {start_lr!r}, {end_lr!r}')
         if not (isinstance(num_it, int) and num_it >= 1): raise ValueError(f'num_it must be an int >= 1, got {num_it!r}')
         self.start_lr, self.end_lr, self.num_it, self.stop_div = start_lr, end_lr, num_it, stop_div
-        self.beta = smoothing_beta(num_it, share=0.05) if beta is None else beta  # a window of 5% of the test
+        self.beta = smoothing_beta(num_it, share=0.05, least=5) if beta is None else beta  # 5% of the test, >= 5 points
         self.div_factor, self.margin = div_factor, margin
 
     def lr_at(self, i):

@@ -9,8 +9,10 @@ __all__ = ['DISPLAY_DPI', 'PIXEL_RATIO', 'LEGEND_POINTS', 'jupyter_theme', 'reso
            'display_size', 'figure_png', 'figure_image', 'show_figures_inline', 'plot_history']
 
 # %% ../nbs/03_plotting.ipynb #8f099e08
-import io, math, os, re, sys
+import io, math, os, re, sys, weakref
 from pathlib import Path
+
+import numpy as np
 
 from .core import patch_to
 from .progress import in_jupyter
@@ -72,21 +74,32 @@ def display_size(fig):
 def _batch_steps(recorder):
     "An x position for each recorded training batch: the optimizer step it fed (1-based), as the Recorder noted it."
     n, steps = len(recorder.train_losses), recorder.batches.get('step', [])
-    return [s + 1 for s in steps] if len(steps) == n else list(range(1, n + 1))  # a recorder filled by hand: one step each
+    return np.asarray(steps) + 1 if len(steps) == n else np.arange(1, n + 1)  # a recorder filled by hand: one step each
 
 def _thin(xs, ys, max_points=1000):
     "At most about `max_points` points: each bin's lowest and highest value, so the noise band keeps its width."
     n = len(ys)
     if n <= max_points: return xs, ys
-    size = math.ceil(2 * n / max_points)
-    tx, ty = [], []
-    for start in range(0, n, size):
-        chunk = ys[start:start + size]
-        lo, hi = min(range(len(chunk)), key=chunk.__getitem__), max(range(len(chunk)), key=chunk.__getitem__)
-        for i in sorted({lo, hi}):
-            tx.append(xs[start + i])
-            ty.append(chunk[i])
-    return tx, ty
+    ys, size = np.asarray(ys, dtype=float), math.ceil(2 * n / max_points)
+    bins = -(-n // size)
+    padded = np.full(bins * size, np.nan)
+    padded[:n] = ys
+    blocks = padded.reshape(bins, size)  # the last bin padded with NaN, which nanargmin/nanargmax skip
+    starts = np.arange(bins) * size
+    keep = np.unique(np.concatenate([starts + np.nanargmin(blocks, 1), starts + np.nanargmax(blocks, 1)]))
+    return np.asarray(xs)[keep], ys[keep]
+
+_SMOOTHED = weakref.WeakKeyDictionary()  # recorder -> (its loss list, beta, points done, smoothing state, smoothed)
+
+def _smoothed(recorder):
+    "The recorder's smoothed losses, extended from the previous call's: a live plot redraws often, and pays only for new points."
+    losses, (cached_losses, beta, done, state, out) = recorder.train_losses, _SMOOTHED.get(recorder, (None,) * 5)
+    if cached_losses is not losses or beta != recorder.beta or done > len(losses):  # new, reloaded, or a new beta
+        beta, done, state, out = recorder.beta, 0, (0.0, 0.0), []
+    new, state = smooth(losses[done:], beta, state)
+    out.extend(new)
+    _SMOOTHED[recorder] = (losses, beta, len(losses), state, out)
+    return out
 
 def figure_png(fig, dpi=None, fast=False):
     "`fig` as PNG bytes at `dpi` (the figure's own: 2x its display size). `fast` compresses less: live frames are soon replaced."
@@ -143,19 +156,20 @@ def _history_axes(fig, metric_names):
     fig._history_layout = (tuple(metric_names), lines)
     return lines
 
-def plot_history(recorder, path=None, fig=None, theme=None):
+def plot_history(recorder, path=None, fig=None, theme=None, metrics=()):
     "Draw `recorder`'s loss and metric curves into `fig` (a new figure if None); save a PNG to `path` if given."
     show_figures_inline()
     fig = fig if fig is not None else new_figure(theme=theme)
     losses, hist = recorder.train_losses, recorder.history
-    metric_names = [k for k in (hist[0] if hist else {}) if k not in _NOT_METRICS]
+    # `metrics`: columns to lay out before any row has them (a live plot's first frames), then those the rows have
+    metric_names = list(dict.fromkeys([*metrics, *(k for k in (hist[0] if hist else {}) if k not in _NOT_METRICS)]))
     names, lines = getattr(fig, '_history_layout', (None, None))
     if names != tuple(metric_names) or not fig.axes or lines['raw'].axes is not fig.axes[0]:  # new, or drawn over
         lines = _history_axes(fig, metric_names)
     if losses:
         steps = _batch_steps(recorder)
         lines['raw'].set_data(*_thin(steps, losses))  # thinned: long runs draw fast
-        smoothed, keep = smooth(losses, recorder.beta)[0], range(0, len(losses), max(1, len(losses) // 1000))
+        smoothed, keep = _smoothed(recorder), range(0, len(losses), max(1, len(losses) // 1000))
         keep = [*keep, len(losses) - 1] if keep[-1] != len(losses) - 1 else keep  # always the latest point
         lines['smooth'].set_data([steps[i] for i in keep], [smoothed[i] for i in keep])
     valid = [(r['step'], r.get('valid_loss', r.get('subset_valid_loss', math.nan))) for r in hist]  # a subset's, in eval_subset fits

@@ -15,9 +15,9 @@ import torch
 from .callback import Callback, CancelBatchException, NonFiniteLossError, Order
 
 # %% ../nbs/00d_recorder.ipynb #69fe1f26
-def smoothing_beta(n_steps, share=0.01, most=50):
-    "β of a moving average whose window is `share` of a curve `n_steps` long: from 1 step (β = 0, no smoothing) to `most`."
-    return 1 - 1 / min(max(1.0, share * (n_steps or 0)), most)
+def smoothing_beta(n_steps, share=0.01, most=50, least=1):
+    "β of a moving average whose window is `share` of a curve `n_steps` long, from `least` steps (1: β = 0, no smoothing) to `most`."
+    return 1 - 1 / min(max(least, share * (n_steps or 0)), most)
 
 def smooth(values, beta, state=(0.0, 0.0)):
     "Debiased exponential moving average of `values`, continued from `state` = (average, weight): (the smoothed values, the new state)."
