@@ -1,4 +1,4 @@
-"""Stop, pause, change the LR or save a checkpoint while a fit runs: requests taken at the next batch boundary, and `fit_async`, which lets Jupyter deliver them.
+"""Stop, pause, change the LR or save a checkpoint while a fit runs: requests carried out at the next step boundary (at once while paused), each with feedback, and `fit_async`, which lets Jupyter deliver them.
 
 Docs: https://nbtrainer.github.io/nbtrainer/control.html.md"""
 
@@ -8,52 +8,66 @@ Docs: https://nbtrainer.github.io/nbtrainer/control.html.md"""
 __all__ = ['Controls']
 
 # %% ../nbs/16_control.ipynb #399a19ad
-import asyncio, concurrent.futures, threading, time
+import asyncio, concurrent.futures, contextvars, threading, time
 from pathlib import Path
 
-from .callback import Callback, Order
+from .callback import Callback, CancelFitException, Order
 from .checks import hyperparameter
 from .core import Learner, patch_to
 from .distributed import request_stop
+from .progress import brief_traceback
 
 # %% ../nbs/16_control.ipynb #7e7420cb
 class Controls(Callback):
-    "Requests from any thread (stop, pause, lr, save), applied by the training thread at the next batch boundary."
+    "Requests from any thread (stop, pause, lr, save), carried out by the training thread at the next step boundary, at once while paused."
     order = Order.CONTROL  # last: the displays have shown the batch before a pause holds it
     side_effects = True  # it takes requests from outside, and saves checkpoints
 
     def __init__(self, save_dir=None):
         self.save_dir = save_dir
-        self.log = []  # (step, action, value) of each applied request
+        self.log = []  # (step, action, value) of each request carried out
+        self.listeners = []  # called by the training thread after each request it carries out
         self._reset()
 
     def _reset(self):
-        self._stop, self._running = threading.Event(), threading.Event()
+        self._stop, self._running, self._wake = threading.Event(), threading.Event(), threading.Event()
         self._running.set()
         self._lr = self._save = None
+        self._reason, self._interrupt = None, False
 
     # ---- requests: safe from any thread, they only set flags ----
-    def stop(self):
-        "End the fit after the current batch."
+    def stop(self, reason='stop requested'):
+        "End the fit after the current batch; `reason` becomes the stop's message (`learn.fit_exception`)."
+        self._reason = reason
         self._stop.set()
         self._running.set()  # a paused fit wakes up to stop
+        self._wake.set()
+
+    def interrupt(self):
+        "End the fit after the current batch as a kernel interrupt would: `learn.fit_outcome` is 'interrupted'."
+        self._interrupt = True
+        self.stop('interrupted')
 
     def pause(self):
-        "Hold the fit between batches until `resume()`."
+        "Hold the fit at the next step boundary until `resume()`; Save and Set LR still act at once."
         self._one_process_only('pause')
         self._running.clear()
 
-    def resume(self): self._running.set()
+    def resume(self):
+        self._running.set()
+        self._wake.set()
 
     def set_lr(self, lr):
         "Use `lr` as `learn.lr` from the next step."
         self._one_process_only('set_lr')
         self._lr = hyperparameter('lr', lr)  # a bad value fails here, in the caller's thread, not in the training loop
+        self._wake.set()
 
     def save(self):
         "Write a checkpoint at the next optimizer-step boundary."
         self._one_process_only('save')
         self._save = True
+        self._wake.set()
 
     def _one_process_only(self, what):
         if getattr(self.learn, 'distributed', False):  # one rank's request would make the ranks disagree, or hang
@@ -62,25 +76,47 @@ class Controls(Callback):
     @property
     def paused(self): return not self._running.is_set()
 
-    # ---- applied by the training thread ----
-    def before_fit(self): self._reset()
+    # ---- carried out by the training thread ----
+    def before_fit(self):
+        self._reset()
+        for key in ('paused', 'lr', 'saved', 'stopping'): self.learn.status.pop(key, None)  # the last fit's feedback
+        self.learn.controls = self  # the running fit's controls: the dashboard and learn.dashboard() find them here
 
     def after_batch(self):
         if self._stop.is_set(): self._stop_now()
-        if not self.learn.training: return
-        if self._lr is not None: self._apply_lr()
-        if self._save and not self.learn.accumulating: self._save_now()
+        if self.learn.training and not self.learn.accumulating: self._at_step_boundary()
+
+    def after_eval(self):
+        if self._stop.is_set(): self._stop_now()
+        self._at_step_boundary()
+
+    def _at_step_boundary(self):
+        self._carry_out()
         if not self._running.is_set(): self._hold()
+
+    def _carry_out(self):
+        "The requests waiting: a new lr, a checkpoint."
+        if self._lr is not None: self._apply_lr()
+        if self._save: self._save_now()
+
+    def _note(self, action, value, status_key, status):
+        "Log a request carried out, post its feedback for the displays, and tell the listeners."
+        self.log.append((self.learn.step, action, value))
+        if status_key: self.learn.status[status_key] = status
+        for listener in list(self.listeners): listener()
 
     def _stop_now(self):
         self._stop.clear()  # requested once; under DDP every rank stops at the next stop check
-        self.log.append((self.learn.step, 'stop', None))
-        request_stop(self.learn)  # one process: CancelFitException now
+        self._carry_out()  # what was asked before the Stop is not lost
+        self._note('stop', self._reason, 'stopping', f'at step {self.learn.step}')
+        if self.learn.distributed: return request_stop(self.learn)
+        if self._interrupt: raise KeyboardInterrupt()  # the fit ends as interrupted, after_fit included
+        raise CancelFitException(self._reason)
 
     def _apply_lr(self):
         lr, self._lr = self._lr, None
         self.learn.lr = lr
-        self.log.append((self.learn.step, 'lr', lr))
+        self._note('lr', lr, 'lr', f'{lr:.3g} from step {self.learn.step}')
 
     def _save_now(self):
         self._save = None
@@ -88,44 +124,75 @@ class Controls(Callback):
         folder = self.save_dir or next((cb.folder for cb in learn.cbs if getattr(cb, 'keeps_checkpoints', False)),
                                        'runs/checkpoints')
         path = learn.save(Path(folder) / f'manual-step{learn.step}.pt')
-        learn.status['saved'] = path.name
-        self.log.append((learn.step, 'save', str(path)))
+        self._note('save', str(path), 'saved', path.name)
 
     def _hold(self):
         learn = self.learn
-        self.log.append((learn.step, 'pause', None))
-        learn.status['paused'] = 'yes'
+        self._note('pause', None, 'paused', f'at step {learn.step}')
         try:
-            while not self._running.wait(0.1): pass  # short waits: a kernel interrupt is not held up
+            while not self._running.is_set():
+                self._wake.wait(0.1)  # woken by any request; short waits, so a kernel interrupt is not held up
+                self._wake.clear()
+                self._carry_out()  # Save and Set LR while paused: at once, at this step boundary
         finally: learn.status.pop('paused', None)
-        self.log.append((learn.step, 'resume', None))
+        self._note('resume', None, None, None)
         if self._stop.is_set(): self._stop_now()
+
+    def after_cancel_fit(self):
+        "The fit ends early: requests still waiting are carried out if it stopped; after an interrupt or an error the state may be half-updated, so no checkpoint."
+        if self.learn.fit_outcome == 'stopped': return self._carry_out()
+        if self._lr is not None: self._apply_lr()
+        if self._save:
+            self._save = None
+            self._note('save', None, 'saved', 'nothing: the fit ' + {'failed': 'failed'}.get(self.learn.fit_outcome, 'was interrupted'))
+
+    def after_fit(self):
+        if self.learn.fit_outcome in ('finished', 'stopped'): self._carry_out()  # one that came at the very end
+        if getattr(self.learn, 'controls', None) is self: self.learn.controls = None
 
 # %% ../nbs/16_control.ipynb #785da648
 @patch_to(Learner)
-async def fit_async(learn, epochs=None, *, steps=None, eval_every=None, eval_subset=None, cbs=(), lr=None,
-                    reset_opt=False, resume=None):
-    "`fit` in a worker thread while the caller awaits: Jupyter keeps handling clicks, so the dashboard's controls work."
+def fit_async(learn, epochs=None, *, steps=None, eval_every=None, eval_subset=None, cbs=(), lr=None,
+              reset_opt=False, resume=None):
+    "Start `fit` in a worker thread and return, once it has begun, an awaitable of its result: `await` it to wait, or let it train in the background."
     if learn.fitting: raise RuntimeError('a fit is already running on this Learner: wait for it to end, or stop it first')
     controls = next((cb for cb in learn.cbs if isinstance(cb, Controls)), None)  # the Learner's own, if any
     own = [] if controls is not None else [controls := Controls()]  # else one for this fit only
-    done = concurrent.futures.Future()
+    done, started = concurrent.futures.Future(), threading.Event()
 
     def work():
         try: done.set_result(learn.fit(epochs, steps=steps, eval_every=eval_every, eval_subset=eval_subset,
-                                       cbs=[*cbs, *own], lr=lr, reset_opt=reset_opt, resume=resume))
+                                       cbs=[*cbs, *own, _Started(started)], lr=lr, reset_opt=reset_opt, resume=resume))
         except BaseException as e: done.set_exception(e)
+        finally: started.set()  # a fit that failed before it began
 
-    learn.controls = controls
-    thread = threading.Thread(target=work, name='nbtrainer-fit', daemon=True)
+    context = contextvars.copy_context()  # the caller's: Jupyter sends the fit's output to the calling cell
+    thread = threading.Thread(target=context.run, args=(work,), name='nbtrainer-fit', daemon=True)
     thread.start()
+    started.wait()  # the fit has begun (the dashboard is shown) before the caller goes on
+    waiting = _wait_for_fit(learn, done, thread, controls)
+    try: loop = asyncio.get_running_loop()
+    except RuntimeError: return waiting  # no loop yet (a script): asyncio.run(...) awaits it
+    return loop.create_task(waiting)  # already training: await the task, or let the fit run in the background
+
+class _Started(Callback):
+    "Tells `fit_async` that the fit has begun: every other callback's `before_fit` has run."
+    order = Order.CONTROL + 1
+    def __init__(self, event): self.event = event
+    def before_fit(self): self.event.set()
+
+async def _wait_for_fit(learn, done, thread, controls):
+    "Wait for the fit in `thread`, waking often: Jupyter delivers an interrupt (a cancel) only when the loop wakes."
+    result = asyncio.wrap_future(done)
+    result.add_done_callback(lambda f: f.cancelled() or f.exception())  # read even if we stop waiting (an interrupt)
     try:
-        result = asyncio.wrap_future(done)
-        while not result.done():  # wake up often: ipykernel delivers an interrupt (a cancel) only when the loop wakes
-            await asyncio.wait([result], timeout=0.1)
+        while not result.done(): await asyncio.wait([result], timeout=0.1)
         return result.result()
-    except (asyncio.CancelledError, KeyboardInterrupt):  # Jupyter's interrupt cancels the await
-        controls.stop()
-        thread.join()  # within one batch: the fit ends through its cancel path, after_fit included
-        raise
-    finally: learn.controls = None
+    except asyncio.CancelledError as e:  # Jupyter's interrupt cancels the await
+        controls.interrupt()
+        thread.join()  # within one batch: the fit ends as interrupted, after_fit included
+        raise brief_traceback(e, learn) if learn.fit_outcome == 'interrupted' else e
+    except KeyboardInterrupt as e:  # interrupted from code (controls.interrupt()): a task must not raise it
+        raise brief_traceback(asyncio.CancelledError(), learn) from e
+    except Exception as e:  # the fit failed: one line, not asyncio's internals (an error before it started: as is)
+        raise brief_traceback(e, learn) if e is learn.fit_exception else e

@@ -1,4 +1,4 @@
-"""The training dashboard Jupyter shows by default: progress bars, a metrics table, the live figure and Stop / Pause / Save / LR controls, in one widget.
+"""The training dashboard Jupyter shows by default: progress bars, the live figure beside a table of the latest evaluations, and Stop / Pause / Save / LR controls, in one widget that ends as a static summary.
 
 Docs: https://nbtrainer.github.io/nbtrainer/dashboard.html.md"""
 
@@ -8,13 +8,15 @@ Docs: https://nbtrainer.github.io/nbtrainer/dashboard.html.md"""
 __all__ = ['Dashboard', 'progress_display']
 
 # %% ../nbs/17_dashboard.ipynb #e799ea7e
-import base64, html, threading, time
+import base64, html, threading, time, traceback
 from pathlib import Path
 
 from .callback import Callback, Order, dispatch_tables
-from .core import Learner
+from .control import Controls
+from .core import Learner, patch_to
 from .liveplot import LivePlot
-from .progress import ProgressCallback, format_header, format_row, in_jupyter
+from .progress import (ProgressCallback, brief_traceback, describe_ending, display_widget, format_header,
+                                format_row, in_jupyter)
 
 # %% ../nbs/17_dashboard.ipynb #1fe5608f
 class _Bars(ProgressCallback):
@@ -26,10 +28,20 @@ class _Bars(ProgressCallback):
     def _bar(self, desc, leave=True, position=None, **kwargs):
         from tqdm.notebook import tqdm  # lazy: widgets only in a notebook
         bar = tqdm(desc=desc, leave=True, display=False, **kwargs)  # kept: the dashboard decides what to show
-        self.dashboard._place_bar(0 if desc == 'epoch' else 1, bar.container)
+        self.dashboard._place_bar(desc, bar.container)
         return bar
 
+    def after_validate(self):
+        had_bar = self.valid_bar is not None
+        super().after_validate()
+        if had_bar: self.dashboard._place_bar('valid', None)  # the validation is over: its bar goes
+
     def _write_row(self, row, keys): self.dashboard._add_row(row)
+
+    def after_fit(self):
+        epoch_bar, self.epoch_bar = self.epoch_bar, None  # the summary says how the fit ended: no line printed
+        super().after_fit()
+        if epoch_bar is not None: epoch_bar.close()
 
 class _Plot(LivePlot):
     "LivePlot whose frames go to the dashboard's image widget (and to `path`, if given)."
@@ -40,89 +52,135 @@ class _Plot(LivePlot):
     def _outputs(self): return False, (Path(self.path) if self.path is not None else None)  # the widget, not inline
 
     def show(self, png):
-        self.dashboard.image.value = png
+        self.dashboard._show_frame(png, self.fig)
         super().show(png)
 
 # %% ../nbs/17_dashboard.ipynb #4dea96df
-_HINT = ('Buttons work with <code>await learn.fit_async(...)</code>: a plain <code>fit</code> keeps the kernel busy '
+_HINT = ('Buttons work with <code>learn.fit_async(...)</code>: a plain <code>fit</code> keeps the kernel busy '
          'until it ends. To stop this fit, interrupt the kernel.')
+_LIVE_TEXT = 'Training dashboard (live while the fit runs; a static summary replaces it when the fit ends)'
+_CELL = 'padding:1px 6px;text-align:right;white-space:nowrap;font-weight:normal;overflow:hidden'
+_TABLE = 'border-collapse:collapse;table-layout:fixed;font-size:12px;line-height:18px;font-variant-numeric:tabular-nums;margin:0'
 
-def _table_html(rows):
-    "History rows as a small HTML table, numbers formatted as in the console rows."
-    keys = list(dict.fromkeys(k for row in rows for k in row))
-    head = ''.join(f'<th>{html.escape(k)}</th>' for k in keys)
-    body = ''.join('<tr>' + ''.join(f'<td>{html.escape(format_row(row, [k]).strip())}</td>' for k in keys) + '</tr>'
-                   for row in rows)
-    return f'<table class="nbtrainer-history"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+def _cells(values, keys, tag='td'):
+    "A table row's cells, each of a fixed width (in characters) so that separate rows line up."
+    return ''.join(f'<{tag} style="{_CELL};width:{7 * (max(len(k), 7) + 2)}px">{html.escape(v)}</{tag}>'
+                   for k, v in zip(keys, values))
+
+def _row_values(row, keys): return [format_row(row, [k]).strip() if k in row else '' for k in keys]
+
+def _table_html(rows, keys=None, header=True):
+    "History rows as an HTML table with inline styles (kept by a saved notebook), numbers as in the console rows."
+    keys = keys or list(dict.fromkeys(k for row in rows for k in row))
+    head = (f'<thead><tr style="border-bottom:1px solid rgba(127,127,127,.6)">{_cells(keys, keys, "th")}</tr></thead>'
+            if header else '')
+    body = ''.join(f'<tr style="border-bottom:1px solid rgba(127,127,127,.2)">{_cells(_row_values(r, keys), keys)}</tr>'
+                   for r in rows)
+    return f'<table class="nbtrainer-history" style="{_TABLE}">{head}<tbody>{body}</tbody></table>'
 
 def _close(widget):
     for child in getattr(widget, 'children', ()): _close(child)
     widget.close()
 
+def _describe_request(step, action, value):
+    "One entry of `Controls.log` in words."
+    if action == 'lr': return f'lr {value:.3g} from step {step}'
+    if action == 'save': return f'saved {Path(value).name} at step {step}' if value else f'no checkpoint at step {step}'
+    if action == 'stop': return f'{value} at step {step}'
+    return f'{action}d at step {step}'  # paused, resumed
+
 class Dashboard(Callback):
-    "Bars, metrics table, live figure and controls in one widget; replaced by a static summary when the fit ends."
+    "Bars, live figure beside the latest evaluations, and controls in one widget; replaced by a static summary when the fit ends."
     order = Order.DISPLAY
-    run_valid = False  # its bars, status and figure follow the training batches
     side_effects = main_process_only = True  # it draws and takes clicks; under DDP rank 0 alone does
 
-    def __init__(self, refresh=0.2, every=1.0, path=None, max_share=0.02, plot=True):
+    def __init__(self, refresh=0.2, every=1.0, path=None, max_share=0.02, plot=True, theme=None, table_rows=8):
         self.bars = _Bars(self, refresh)
-        self.plot = _Plot(self, every=every, path=path, max_share=max_share) if plot else None
+        self.plot = _Plot(self, every=every, path=path, max_share=max_share, theme=theme) if plot else None
         self.parts = [p for p in (self.bars, self.plot) if p is not None]
-        self._forward = dispatch_tables(self.parts)[True]  # built once, as the Learner's own dispatch
-        self.refresh, self.widget, self.handle, self.rows = refresh, None, None, []
+        self._tables = dispatch_tables(self.parts)  # built once, as the Learner's own dispatch, for both phases
+        self.refresh, self.table_rows = refresh, table_rows
+        self.widget, self.handles, self.rows, self.summary = None, [], [], None
 
     def _run(self, event):
-        for _, method in self._forward[event]: method()
+        for _, method in self._tables[self.learn.training][event]: method()
 
     # ---- the widget ----
     def _build(self):
         import ipywidgets as W  # lazy: only in a notebook
-        learn, controls = self.learn, getattr(self.learn, 'controls', None)
+        learn = self.learn
+        controls = next((cb for cb in learn.cbs if isinstance(cb, Controls)), None)
         self.live = controls is not None and threading.current_thread() is not threading.main_thread()
         self.controls = controls
         self._log_start = len(controls.log) if controls is not None else 0  # this fit's requests start here
-        self.bar_box = W.VBox([W.HTML(), W.HTML()])
+        self._bar_widgets, self.bar_box = {}, W.VBox()
         self.stop_button = W.Button(description='Stop', icon='stop', button_style='danger', tooltip='end the fit after this batch')
-        self.pause_button = W.Button(description='Pause', icon='pause', tooltip='hold between batches')
-        self.save_button = W.Button(description='Save', icon='save', tooltip='write a checkpoint at the next step')
-        self.lr_box = W.FloatText(value=learn.lr, description='LR', layout=W.Layout(width='170px'))
-        self.lr_button = W.Button(description='Set LR', tooltip='use this learning rate from the next step')
+        self.pause_button = W.Button(description='Pause', icon='pause', tooltip='hold at the next step')
+        self.save_button = W.Button(description='Save', icon='save', tooltip='write a checkpoint at the next step (at once while paused)')
+        self.lr_box = W.FloatText(value=learn.lr, description='LR', continuous_update=False, layout=W.Layout(width='170px'))
+        self.lr_button = W.Button(description='Set LR', tooltip='use this learning rate from the next step (or press Enter in the field)')
         self.status = W.Label()
+        self.status.add_class('nbtrainer-status')
         self.hint = W.HTML() if self.live else W.HTML(f'<i>{_HINT}</i>')
-        buttons = (self.stop_button, self.pause_button, self.save_button, self.lr_box, self.lr_button)
-        for b in buttons: b.disabled = not self.live
+        self.buttons = (self.stop_button, self.pause_button, self.save_button, self.lr_box, self.lr_button)
+        for b in self.buttons: b.disabled = not self.live
         if self.live:
             self.stop_button.on_click(self._on_stop)
             self.pause_button.on_click(self._on_pause)
             self.save_button.on_click(lambda _: self.controls.save())
             self.lr_button.on_click(self._on_lr)
-        self.table = W.HTML()
-        self.image = W.Image(format='png', layout=W.Layout(max_width='720px'))
-        self.widget = W.VBox([self.bar_box, W.HBox(buttons), self.status, self.hint, self.table, self.image])
+            self.lr_box.observe(self._on_lr, names='value')  # Enter (or leaving the field) applies it
+            controls.listeners.append(self._show_status)  # feedback while the loop is held, too
+        self.image = W.Image(format='png', layout=W.Layout(display='none'))  # no slot until the first frame
+        self._row_layout = W.Layout(margin='0', height='auto', min_height='0')  # one layout, shared by every row
+        self._row_widgets, self._keys = [], None
+        self.header = W.HTML(layout=self._row_layout)
+        self.table = W.VBox([self.header], layout=W.Layout(margin='0 0 0 12px'))
+        view = W.HBox([self.image, self.table], layout=W.Layout(flex_flow='row wrap', align_items='flex-start'))
+        self.widget = W.VBox([self.bar_box, W.HBox(self.buttons), self.status, self.hint, view])
         self.widget.add_class('nbtrainer-dashboard')
-        if in_jupyter():
-            from IPython.display import display
-            self.handle = display(self.widget, display_id=True)
+        if in_jupyter(): self.handles.append(display_widget(self.widget, _LIVE_TEXT))
 
     def _place_bar(self, slot, container):
-        children = list(self.bar_box.children)
-        old, children[slot] = children[slot], container
-        self.bar_box.children = children
-        old.close()
+        "Put a bar's widget in its slot (epoch, train, valid: in that order), or empty the slot (None)."
+        old = self._bar_widgets.pop(slot, None)
+        if container is not None: self._bar_widgets[slot] = container
+        self.bar_box.children = [self._bar_widgets[s] for s in ('epoch', 'train', 'valid') if s in self._bar_widgets]
+        if old is not None: old.close()
+
+    def _show_frame(self, png, fig):
+        from nbtrainer.plotting import display_size
+        self.image.value = png
+        if self.image.layout.display == 'none':  # the first frame: the figure takes its place, at its display size
+            self.image.layout.width = f'{display_size(fig)[0]}px'
+            self.image.layout.display = ''
 
     def _add_row(self, row):
+        "The latest evaluations: one new row widget per evaluation, the oldest dropped; the whole table when a column appears."
+        import ipywidgets as W
         self.rows.append(row)
-        self.table.value = _table_html(self.rows)
+        keys = list(dict.fromkeys(k for r in self.rows for k in r))
+        new_row = lambda r: W.HTML(_table_html([r], keys, header=False), layout=self._row_layout)
+        dropped = self._row_widgets
+        if keys != self._keys:  # a new column (rare): the header and the kept rows again
+            self._keys, self.header.value = keys, _table_html([], keys)
+            self._row_widgets = [new_row(r) for r in self.rows[-self.table_rows:]]
+        else:
+            self._row_widgets = [*self._row_widgets, new_row(row)][-self.table_rows:]
+            dropped = [w for w in dropped if w not in self._row_widgets]
+        self.table.children = [self.header, *self._row_widgets]
+        for w in dropped: w.close()
 
     def _show_status(self):
         learn = self.learn
-        extras = ''.join(f' · {k}: {v}' for k, v in learn.status.items())
-        self.status.value = f'step {learn.step} · lr {learn.opt.param_groups[0]["lr"]:.3g}{extras}'
+        planned = f' of {learn.fit_start[1] + learn.n_steps}' if learn.n_steps else ''
+        lr = '' if 'lr' in learn.status else f' · lr {learn.opt.param_groups[0]["lr"]:.3g}'
+        extras = ''.join(f' · {k} {v}' for k, v in learn.status.items())
+        self.status.value = f'step {learn.step}{planned}{lr}{extras}'
 
     # ---- button handlers: main thread, they only set flags and touch their own button ----
     def _on_stop(self, _):
-        self.controls.stop()
+        self.controls.stop('Stop button clicked')
         self.stop_button.description, self.stop_button.disabled = 'Stopping', True
 
     def _on_pause(self, _):
@@ -142,12 +200,15 @@ class Dashboard(Callback):
     # ---- events ----
     def before_fit(self):
         for part in self.parts: part.learn = self.learn
-        self.rows, self._last = [], time.perf_counter()
+        self.rows, self.handles, self.summary, self._last = [], [], None, time.perf_counter()
+        self._start = self._last
         self._build()
         self._run('before_fit')
 
     def before_train(self): self._run('before_train')
     def after_train(self): self._run('after_train')
+    def before_validate(self): self._run('before_validate')
+    def after_validate(self): self._run('after_validate')
     def after_eval(self): self._run('after_eval')
     def after_epoch(self): self._run('after_epoch')
 
@@ -160,34 +221,68 @@ class Dashboard(Callback):
 
     def after_fit(self):
         if self.widget is None: return  # the fit failed before the dashboard was built
+        learn = self.learn
         try:
             self._run('after_fit')
             self._show_status()
-        finally:  # whatever ended the fit, the live widget gives way to a static summary
-            self.summary = self._summary()
-            if self.handle is not None: self.handle.update(self._static(), raw=True)
-            _close(self.widget)  # closing frees the widgets' comms
-            self.widget = None
+        finally:  # whatever ended the fit, every view gives way to a static summary
+            if self.controls is not None and self._show_status in self.controls.listeners:
+                self.controls.listeners.remove(self._show_status)
+            self.summary = describe_ending(learn, time.perf_counter() - self._start)
+            self.static = self._static()
+            self._end_views()
+            if learn.fit_outcome == 'interrupted' and in_jupyter(): brief_traceback(learn.fit_exception, learn)
 
-    def _summary(self):
-        "How the fit ended, in one line: finished, stopped (by the button, or why), interrupted, or failed (with the error)."
-        learn, outcome, error = self.learn, self.learn.fit_outcome, self.learn.fit_exception
-        button = self.controls is not None and any(a == 'stop' for _, a, _ in self.controls.log[self._log_start:])
-        how = {'finished': 'ended', 'interrupted': 'was interrupted', 'failed': 'failed'}.get(outcome, 'stopped')
-        if outcome == 'stopped': how = 'stopped by the Stop button' if button else f'stopped ({error})' if str(error) else how
-        planned = f' of {learn.fit_start[1] + learn.n_steps}' if learn.n_steps else ''
-        took = f', {self.rows[-1]["time"]:.1f} s' if self.rows and 'time' in self.rows[-1] else ''
-        failure = f' {type(error).__name__}: {error}' if outcome == 'failed' else ''
-        return f'Fit {how} at step {learn.step}{planned} (epoch {learn.epoch}{took}).{failure}'
+    def _end_views(self):
+        "Every view of the widget shows the summary, its controls gone; displayed outputs become the static summary."
+        import ipywidgets as W
+        old = list(self.widget.children)
+        self.widget.children = [W.HTML(self.static['text/html'])]  # views the display handles cannot reach
+        for child in old: _close(child)  # closing frees the widgets' comms
+        for handle in list(self.handles): handle.update(self.static, raw=True)
+
+    def _requests(self):
+        "What the controls carried out during this fit, in one line."
+        if self.controls is None: return ''
+        return ' · '.join(_describe_request(*entry) for entry in self.controls.log[self._log_start:])
 
     def _static(self):
         "A plain output bundle: kept by a saved notebook, unlike widgets."
-        parts = [f'<p>{html.escape(self.summary)}</p>', _table_html(self.rows) if self.rows else '']
+        learn, requests = self.learn, self._requests()
+        parts = [f'<p style="margin:4px 0"><b>{html.escape(self.summary)}</b></p>']
+        if requests: parts.append(f'<p style="margin:4px 0;font-size:12px">Requests: {html.escape(requests)}</p>')
+        figure = ''
         if self.image.value:
-            parts.append(f'<img src="data:image/png;base64,{base64.b64encode(self.image.value).decode()}"/>')
+            width = self.image.layout.width or '560px'
+            figure = (f'<img style="width:{width};max-width:100%" width="{width[:-2]}" '
+                      f'src="data:image/png;base64,{base64.b64encode(self.image.value).decode()}"/>')
+        table = f'<div style="max-height:320px;overflow-y:auto">{_table_html(self.rows)}</div>' if self.rows else ''
+        parts.append(f'<div style="display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start">{figure}{table}</div>')
+        if learn.fit_outcome == 'failed':
+            trace = ''.join(traceback.format_exception(learn.fit_exception))
+            parts.append(f'<details><summary>Traceback</summary><pre>{html.escape(trace)}</pre></details>')
         keys = list(dict.fromkeys(k for row in self.rows for k in row))
-        text = '\n'.join([self.summary, *([format_header(keys)] if keys else []), *(format_row(r, keys) for r in self.rows)])
+        text = '\n'.join([self.summary, *([f'Requests: {requests}'] if requests else []),
+                          *([format_header(keys)] if keys else []), *(format_row(r, keys) for r in self.rows)])
         return {'text/html': '\n'.join(parts), 'text/plain': text}
+
+    def show(self):
+        "Display this dashboard again in the current cell: live while its fit runs (controls working), else its summary."
+        from IPython.display import display
+        if self.summary is None and self.widget is not None:
+            self.handles.append(display_widget(self.widget, _LIVE_TEXT))  # the same widget: every view updates
+        elif self.summary is not None: display(self.static, raw=True)
+        else: raise ValueError('this dashboard has not shown a fit yet')
+
+# %% ../nbs/17_dashboard.ipynb #1644a037
+@patch_to(Learner)
+def dashboard(learn):
+    "Show the dashboard of the fit running on this Learner, live with working controls (after a browser reload, say); after a fit, its summary."
+    dash = next((cb for cb in learn.cbs if isinstance(cb, Dashboard)), None)
+    if dash is None:
+        raise ValueError('this Learner has no dashboard: in Jupyter, Learner(..., progress=True) adds one (unless '
+                         'dashboard=False), or pass cbs=[Dashboard()]')
+    dash.show()
 
 # %% ../nbs/17_dashboard.ipynb #34375005
 def progress_display(dashboard=True):

@@ -1,4 +1,5 @@
-"""The dashboard and `fit_async` in a real Jupyter kernel, headless (no browser): what Jupyter receives, and interrupts."""
+"""The dashboard and `fit_async` in a real Jupyter kernel, headless (no browser): what Jupyter receives, interrupts and
+errors (one line each), and a fit trained in the background whose dashboard is shown again in another cell."""
 import queue, re, textwrap, time
 
 import nbformat
@@ -41,7 +42,7 @@ def test_dashboard_is_the_default_and_leaves_a_static_summary(tmp_path):
     dash_out, = nb.cells[1].outputs  # one output, updated in place: the dashboard, then its summary
     assert dash_out.output_type == 'display_data'
     html = dash_out.data['text/html']
-    assert 'Fit ended at step 80 of 80' in html and '<table' in html and 'data:image/png;base64,' in html
+    assert 'Fit finished at step 80 of 80' in html and '<table' in html and 'data:image/png;base64,' in html
     assert 'application/vnd.jupyter.widget-view+json' not in dash_out.data  # replaced, not left as a dead widget
     opt_out = nb.cells[2].outputs
     assert any('application/vnd.jupyter.widget-view+json' in o.get('data', {}) for o in opt_out)  # tqdm.notebook bars
@@ -94,6 +95,22 @@ def wait_until_training(kc, msg_id, timeout=120):
         if isinstance(value, str) and re.match(r'step [1-9]', value): return
 
 
+def iopub_until_idle(kc, msg_id, timeout=120):
+    "Every iopub message of request `msg_id` until the kernel is idle again."
+    found, deadline = [], time.time() + timeout
+    while True:
+        msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.time()))
+        if msg['parent_header'].get('msg_id') != msg_id: continue
+        found.append(msg)
+        if msg['msg_type'] == 'status' and msg['content']['execution_state'] == 'idle': return found
+
+
+def summaries(messages):
+    "The HTML of every static summary the dashboard put in place of its display, by display id."
+    return {m['content']['transient']['display_id']: m['content']['data']['text/html'] for m in messages
+            if m['msg_type'] == 'update_display_data' and 'text/html' in m['content']['data']}
+
+
 @pytest.mark.parametrize('call', ['await learn.fit_async(100)', 'learn.fit(100)'])
 def test_interrupt_ends_the_fit_cleanly(call):
     km, kc = start_new_kernel(kernel_name='python3')
@@ -103,12 +120,73 @@ def test_interrupt_ends_the_fit_cleanly(call):
         msg_id = kc.execute(call)
         wait_until_training(kc, msg_id)
         km.interrupt_kernel()
+        messages = iopub_until_idle(kc, msg_id)
         reply = shell_reply(kc, msg_id)
         assert reply['content']['status'] == 'error'
         assert reply['content']['ename'] in ('KeyboardInterrupt', 'CancelledError')
         ended, step, fitting, training = evaluate(kc, '(ended, learn.step, learn.fitting, learn.model.training)')
         assert ended == [step] and 0 < step < 4000 and not fitting and training  # after_fit ran, at the last batch
+        # One line in the cell, not a traceback through asyncio or the loop; the dashboard's summary says the same.
+        line, = reply['content']['traceback']
+        assert f'Fit interrupted at step {step} of 4000' in line, line
+        summary, = summaries(messages).values()
+        assert f'Fit interrupted at step {step} of 4000' in summary
         assert evaluate(kc, '(learn.fit(1), learn.step)[1]') == step + 40  # still usable
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_an_error_in_fit_async_is_one_line_with_the_traceback_in_the_summary():
+    km, kc = start_new_kernel(kernel_name='python3')
+    try:
+        execute(kc, SETUP)
+        execute(kc, textwrap.dedent('''
+            class Boom(Callback):
+                def after_batch(self):
+                    if self.learn.training and self.learn.step == 3: raise RuntimeError('boom')
+            learn = Learner(SlowLinear(8, 2), dl, dl, lr=0.1, cbs=[NoteEnd()])'''))
+        msg_id = kc.execute('await learn.fit_async(2, cbs=[Boom()])')
+        messages = iopub_until_idle(kc, msg_id)
+        reply = shell_reply(kc, msg_id)['content']
+        assert reply['status'] == 'error' and reply['ename'] == 'RuntimeError'
+        line, = reply['traceback']
+        assert 'Fit failed at step 3 of 80' in line and 'RuntimeError: boom (raised in callback Boom during after_batch)' in line
+        summary, = summaries(messages).values()
+        assert 'Fit failed at step 3 of 80' in summary and '<summary>Traceback</summary>' in summary
+        assert "raise RuntimeError(&#x27;boom&#x27;)" in summary  # the full traceback, folded, in the saved output
+        assert evaluate(kc, 'ended') == [3]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_a_background_fit_is_shown_again_by_learn_dashboard_and_both_views_get_the_summary():
+    "Not awaited, fit_async returns at once; learn.dashboard() in another cell shows the same live widget; both end as the summary."
+    km, kc = start_new_kernel(kernel_name='python3')
+    try:
+        execute(kc, SETUP)
+        execute(kc, 'learn = Learner(SlowLinear(8, 2), dl, dl, lr=0.1, cbs=[NoteEnd()])')
+        first = kc.execute('task = learn.fit_async(100)')
+        launch = iopub_until_idle(kc, first)  # the cell ends while the fit trains, its dashboard shown
+        assert shell_reply(kc, first)['content']['status'] == 'ok'
+        assert evaluate(kc, 'learn.fitting and not task.done()')
+        shown = [m for m in launch if m['msg_type'] == 'display_data']
+        view = shown[0]['content']['data']['application/vnd.jupyter.widget-view+json']['model_id']
+        assert shown[0]['content']['data']['text/plain'].startswith('Training dashboard (live')
+        again = kc.execute('learn.dashboard()')
+        attached = [m for m in iopub_until_idle(kc, again) if m['msg_type'] == 'display_data']
+        assert attached[0]['content']['data']['application/vnd.jupyter.widget-view+json']['model_id'] == view
+        ids = {shown[0]['content']['transient']['display_id'], attached[0]['content']['transient']['display_id']}
+        execute(kc, "learn.controls.stop('stopped from another cell')")
+        updates, deadline = {}, time.time() + 120
+        while set(updates) != ids:  # the summary replaces both displays, whatever cell is current
+            msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.time()))
+            updates.update(summaries([msg]))
+        assert all('Fit stopped at step' in html and 'stopped from another cell' in html for html in updates.values())
+        deadline = time.time() + 60
+        while not evaluate(kc, 'task.done()'): assert time.time() < deadline, 'the task never ended'  # it polls the thread
+        assert evaluate(kc, '(ended == [learn.step], learn.fit_outcome, learn.controls)') == (True, 'stopped', None)
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

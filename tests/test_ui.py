@@ -1,11 +1,22 @@
-"""End to end in a real frontend: JupyterLab on loopback, driven in Debian's headless Chromium by Playwright.
+"""End to end in a real frontend: JupyterLab on loopback, driven in Debian's headless Chromium by Playwright, with real
+clicks, in JupyterLab's dark theme.
 
-A notebook trains with `await learn.fit_async(...)`. The test checks that the dashboard renders (bars, buttons, figure)
-and that its figure changes during the fit; sets an LR, saves, pauses and resumes; clicks Stop and checks that the fit
-ended early with `after_fit` run and each request applied; then moves the LR finder's slider, clicks "Use this LR" and
-checks in the kernel that `learn.lr` changed. Screenshots go to
-`test-artifacts/ui/`. Recipe and pitfalls: the UI-testing notes (kernel readiness, selectors scoped to outputs)."""
-import json, os, shutil, socket, subprocess, sys, time, urllib.request
+1. A fit with `await learn.fit_async(...)`: the dashboard renders (bars, buttons, a figure that changes, drawn at 2x
+   pixel density in the dark theme's colours, beside a table that keeps the last rows). Pause; while paused, an LR typed
+   with Enter and a Save are carried out at once, and the status line says so; Resume; then Save and Stop: the pending
+   save is carried out before the fit ends. The fit ends early with `after_fit` run, and the dashboard becomes a static
+   summary that says it was stopped by the button, lists the requests, and has no buttons left.
+2. A fit that fails: one short line in the cell, and a summary with the error and its folded traceback.
+3. The LR finder: the slider, "Use this LR", `learn.lr` checked in the kernel; the figure above it is a plain image that
+   marks the chosen lr.
+4. The notebook is saved and read back from disk: the summaries and the LR finder's figure are kept as plain outputs.
+5. A fit started in the background (`learn.fit_async(...)` not awaited), then a browser reload (which loses the running
+   fit's dashboard), then `learn.dashboard()` in another cell: the live dashboard again, whose Stop button ends the fit,
+   and whose summary replaces it.
+
+Screenshots go to `test-artifacts/ui/`. Recipe and pitfalls: the UI-testing notes (kernel readiness, selectors scoped to
+outputs). Every wait is on a condition with a deadline: the test passes on a loaded machine."""
+import json, os, re, shutil, socket, subprocess, sys, time, urllib.request
 
 import nbformat
 import pytest
@@ -18,7 +29,7 @@ ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-f
         '--disable-background-networking', '--disable-component-update', '--disable-sync']
 
 CELLS = [
-    '''import time, torch, torch.nn as nn
+    '''import os, time, torch, torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 from nbtrainer import Callback, Controls, Learner
 
@@ -34,19 +45,28 @@ class SlowMLP(nn.Module):
 class NoteEnd(Callback):
     def after_fit(self): ended.append((self.learn.step, time.time()))
 
+class Boom(Callback):
+    def after_batch(self):
+        if self.learn.training and self.learn.step == self.learn.fit_start[1] + 3: raise RuntimeError('boom')
+
 ended = []
 torch.manual_seed(0)
 x = torch.randn(640, 8); y = (x[:, 0] > 0).long()
 dl = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
+small = DataLoader(TensorDataset(x[:64], y[:64]), batch_size=16)
 controls = Controls(save_dir='ckpt')
-learn = Learner(SlowMLP(), dl, dl, lr=0.05, cbs=[NoteEnd(), controls])''',
-    'await learn.fit_async(100)  # 4000 steps planned: Stop is clicked long before',
+learn = Learner(SlowMLP(), dl, small, lr=0.05, cbs=[NoteEnd(), controls])''',
+    'await learn.fit_async(100, eval_every=8)  # 4000 steps planned: Stop is clicked long before',
     "print('FIT DONE', learn.step, ended[-1][0], repr(ended[-1][1]))",
-    "import os; print('CONTROLS', [a for _, a, _ in controls.log], learn.recorder.batches['lr'][-1], os.listdir('ckpt'))",
-    "result = learn.lr_find(num_it=40)",
+    "print('CONTROLS', [a for _, a, _ in controls.log], learn.recorder.batches['lr'][-1], sorted(os.listdir('ckpt')))",
+    'result = learn.lr_find(num_it=40)',
     "print('LR NOW', learn.lr)",
-    "print('ALL CELLS DONE')",
+    'await learn.fit_async(2, cbs=[Boom()])  # fails: Run All stops here',
+    'task = learn.fit_async(100)  # in the background: the cell returns at once',
+    'learn.dashboard()',
+    "print('BACKGROUND DONE', learn.fit_outcome, task.done())",
 ]
+FIT, FINDER, LR_NOW, FAIL, BACKGROUND, REATTACH = 1, 4, 5, 6, 7, 8
 
 
 def free_port():
@@ -61,7 +81,7 @@ def sessions(port):
 
 @pytest.fixture
 def lab(tmp_path):
-    "A fresh JupyterLab server on loopback with the test notebook; the news toast is switched off."
+    "A fresh JupyterLab server on loopback with the test notebook, in the dark theme; the news toast is switched off."
     if not os.path.exists(CHROMIUM):
         pytest.fail("Chromium is missing: apt-get install -y chromium chromium-driver (tools/test.sh does it when root)")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
@@ -70,6 +90,10 @@ def lab(tmp_path):
     settings = tmp_path / 'settings' / '@jupyterlab' / 'apputils-extension'
     settings.mkdir(parents=True)
     (settings / 'notification.jupyterlab-settings').write_text('{"fetchNews": "false", "checkForUpdates": false}')
+    docmanager = tmp_path / 'settings' / '@jupyterlab' / 'docmanager-extension'
+    docmanager.mkdir(parents=True)
+    (docmanager / 'plugin.jupyterlab-settings').write_text('{"autosave": false}')  # the test decides what is saved
+    (settings / 'themes.jupyterlab-settings').write_text('{\n  // the user picked the dark theme\n  "theme": "JupyterLab Dark"\n}')
     port = free_port()
     env = {**os.environ, 'JUPYTERLAB_SETTINGS_DIR': str(tmp_path / 'settings'),
            'JUPYTERLAB_WORKSPACES_DIR': str(tmp_path / 'workspaces')}
@@ -84,7 +108,7 @@ def lab(tmp_path):
                 urllib.request.urlopen(f'http://127.0.0.1:{port}/api/status')
                 break
             except OSError: time.sleep(0.25)
-        yield port
+        yield port, tmp_path
     finally:
         server.terminate()
         try: server.wait(timeout=20)
@@ -96,84 +120,160 @@ def lab(tmp_path):
 def output(text): return f'.jp-OutputArea-output:has-text("{text}")'  # outputs only, never the cell source
 
 
-def test_dashboard_controls_and_lr_finder_in_jupyterlab(lab):
+def open_notebook(page, port, deadline=90):
+    page.wait_for_selector('.jp-Notebook .jp-Cell', timeout=deadline * 1000)
+    end = time.time() + deadline
+    while not any(s['kernel']['execution_state'] == 'idle' and s['kernel']['connections'] > 0 for s in sessions(port)):
+        assert time.time() < end, 'the kernel did not become idle and connected'
+        page.wait_for_timeout(200)
+
+
+def cell(page, i): return page.locator('.jp-Notebook .jp-Cell').nth(i)
+
+
+def run_cell(page, i):
+    "Select cell `i` and run it (Shift+Enter), as a person would."
+    cell(page, i).locator('.jp-InputArea-editor').click()
+    page.keyboard.press('Shift+Enter')
+
+
+def status_text(page, dash): return dash.locator('.nbtrainer-status').inner_text()
+
+
+def wait_for_status(page, dash, pattern, timeout=60):
+    "Wait until the dashboard's status line matches `pattern`; return the match."
+    deadline = time.time() + timeout
+    while True:
+        found = re.search(pattern, status_text(page, dash))
+        if found: return found
+        assert time.time() < deadline, f'status never matched {pattern!r}: {status_text(page, dash)!r}'
+        page.wait_for_timeout(100)
+
+
+def pixel(page, selector):
+    "The RGB of pixel (3, 3) of the first image matching `selector`, and its natural and displayed widths."
+    return page.evaluate('''sel => { const img = document.querySelector(sel); const c = document.createElement('canvas');
+        c.width = 8; c.height = 8; const g = c.getContext('2d'); g.drawImage(img, 0, 0);
+        return [Array.from(g.getImageData(3, 3, 1, 1).data).slice(0, 3), img.naturalWidth, img.getBoundingClientRect().width]; }''',
+                         selector)
+
+
+def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
     from playwright.sync_api import sync_playwright
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    port, t0 = lab, time.time()
+    (port, folder), t0 = lab, time.time()
     lap = lambda msg: print(f'{time.time() - t0:6.1f}s  {msg}', flush=True)
+    measured = {}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={'width': 1280, 'height': 1600})
+        page = browser.new_page(viewport={'width': 1400, 'height': 1600})
+        page.on('dialog', lambda dialog: dialog.accept())  # "leave the page?" at the reload
         try:
             page.goto(f'http://127.0.0.1:{port}/lab/tree/ui_fit.ipynb?reset')
-            page.wait_for_selector('.jp-Notebook .jp-Cell', timeout=90_000)
-            deadline = time.time() + 90
-            while not any(s['kernel']['execution_state'] == 'idle' and s['kernel']['connections'] > 0 for s in sessions(port)):
-                assert time.time() < deadline, 'the kernel did not become idle and connected'
-                page.wait_for_timeout(200)
+            open_notebook(page, port)
             lap('notebook open, kernel idle and connected')
-            page.locator('.jp-Notebook').first.click()
+            cell(page, BACKGROUND).locator('.jp-InputArea-editor').click()  # run everything above the background fit
             page.get_by_role('menuitem', name='Run', exact=True).click()
-            page.click('li[data-command="runmenu:run-all"]')
+            page.click('li[data-command="notebook:run-all-above"]')
 
-            # The dashboard: bars, buttons, and a figure that changes while the fit runs.
-            stop = page.locator('.jp-OutputArea-output .widget-button:has-text("Stop")')
+            # ---- 1. The dashboard of an awaited fit_async, and its controls ----
+            dash = cell(page, FIT).locator('.nbtrainer-dashboard')
+            stop = dash.locator('.widget-button:has-text("Stop")')
             stop.wait_for(timeout=120_000)
             lap('dashboard shown')
-            frames, deadline = set(), time.time() + 90
-            while len(frames) < 2 and time.time() < deadline:
+            frames, deadline = set(), time.time() + 120
+            while (len(frames) < 2 or dash.locator('.nbtrainer-history tbody tr').count() < 8) and time.time() < deadline:
                 frames |= set(page.evaluate("[...document.querySelectorAll('.nbtrainer-dashboard img')].map(i => i.src)"))
                 page.wait_for_timeout(100)
-            found = {'bars': page.locator('.nbtrainer-dashboard .widget-hprogress').count(),
-                     'buttons': page.locator('.nbtrainer-dashboard .widget-button').count(),
-                     'figure': page.locator('.nbtrainer-dashboard img').count()}
+            found = {'bars': dash.locator('.widget-hprogress').count(), 'buttons': dash.locator('.widget-button').count(),
+                     'figure': dash.locator('img').count(), 'table rows': dash.locator('.nbtrainer-history tbody tr').count()}
             lap(f'rendered {found}; {len(frames)} distinct figure frames')
-            page.screenshot(path=str(ARTIFACTS / 'dashboard-running.png'), full_page=True)
             assert found['bars'] >= 2 and found['buttons'] >= 4 and found['figure'] == 1, found
             assert len(frames) >= 2, 'the live figure did not change during the fit'
+            assert found['table rows'] == 8  # the last 8 evaluations, however many ran
+            figure_box, table_box = dash.locator('img').bounding_box(), dash.locator('.nbtrainer-history').first.bounding_box()
+            beside = figure_box['x'] + figure_box['width'] <= table_box['x'] + 1  # a wide page; else the table is below
+            assert beside or figure_box['y'] + figure_box['height'] <= table_box['y'] + 1  # the figure first
+            measured['dashboard_height_px'] = dash.bounding_box()['height']
+            assert measured['dashboard_height_px'] < 1100  # bars, buttons, figure, 8 rows: it stops growing
+            rgb, natural, shown = pixel(page, '.nbtrainer-dashboard img')
+            assert max(rgb) < 40 and natural == 2 * shown, (rgb, natural, shown)  # dark theme; 2x pixel density
             assert not stop.is_disabled()
+            page.screenshot(path=str(ARTIFACTS / 'dashboard-running.png'), full_page=True)
 
-            # LR, Save, Pause / Resume: each takes effect at a batch boundary of the running fit.
-            lr_box = page.locator('.nbtrainer-dashboard input[type="number"]')
+            # Pause; while paused an LR typed + Enter, and Save, are carried out at once, at the held step.
+            dash.locator('.widget-button:has-text("Pause")').click()
+            held = int(wait_for_status(page, dash, r'paused at step (\d+)').group(1))
+            lr_box = dash.locator('input[type="number"]')
             lr_box.fill('0.01')
             lr_box.press('Enter')
-            page.locator('.nbtrainer-dashboard .widget-button:has-text("Set LR")').click()
-            page.locator('.nbtrainer-dashboard .widget-button:has-text("Save")').click()
-            page.locator('.nbtrainer-dashboard .widget-button:has-text("Pause")').click()
-            page.wait_for_selector('.nbtrainer-dashboard .widget-button:has-text("Resume")', timeout=10_000)
-            page.wait_for_timeout(1500)
+            wait_for_status(page, dash, rf'lr 0\.01 from step {held}\b')
+            dash.locator('.widget-button:has-text("Save")').click()
+            wait_for_status(page, dash, rf'saved manual-step{held}\.pt')
+            assert int(re.match(r'step (\d+)', status_text(page, dash)).group(1)) == held  # still held there
+            lap(f'paused at step {held}: lr and save carried out at once: {status_text(page, dash)!r}')
             page.screenshot(path=str(ARTIFACTS / 'dashboard-paused.png'), full_page=True)
-            page.locator('.nbtrainer-dashboard .widget-button:has-text("Resume")').click()
-            page.wait_for_timeout(500)
+            dash.locator('.widget-button:has-text("Resume")').click()
+            deadline = time.time() + 60
+            while 'paused' in status_text(page, dash) or int(re.match(r'step (\d+)', status_text(page, dash)).group(1)) <= held:
+                assert time.time() < deadline, 'the fit did not resume'
+                page.wait_for_timeout(100)
 
+            # Save, then Stop at once: the save still waiting is carried out before the fit ends.
+            dash.locator('.widget-button:has-text("Save")').click()
             clicked = time.time()
             stop.click()
             page.wait_for_selector(output('FIT DONE'), timeout=60_000)
-            done_text = page.locator(output('FIT DONE')).inner_text()
-            step, ended_step, ended_at = done_text.split()[2:]
-            latency = float(ended_at) - clicked
-            lap(f'Stop: the fit ended at step {step} of 4000, {latency:.2f} s after the click')
-            assert int(step) == int(ended_step) and 0 < int(step) < 4000  # after_fit ran, early
-            summary = page.locator(output('stopped by the Stop button'))
-            assert summary.count() == 1 and summary.locator('img').count() == 1  # the static summary replaced it
+            step, ended_step, ended_at = page.locator(output('FIT DONE')).inner_text().split()[2:]
+            measured['stop_click_to_after_fit_s'] = float(ended_at) - clicked
+            lap(f'Stop: the fit ended at step {step} of 4000, {measured["stop_click_to_after_fit_s"]:.2f} s after the click')
+            assert int(step) == int(ended_step) and held < int(step) < 4000  # after_fit ran, early
+            summary = cell(page, FIT).locator(output('Fit stopped at step'))
+            assert summary.count() == 1 and 'Stop button clicked' in summary.inner_text()
+            assert f'lr 0.01 from step {held}' in summary.inner_text() and 'Requests:' in summary.inner_text()
+            assert summary.locator('img').count() == 1 and cell(page, FIT).locator('.widget-button').count() == 0
             page.screenshot(path=str(ARTIFACTS / 'dashboard-stopped.png'), full_page=True)
             page.wait_for_selector(output('CONTROLS'), timeout=30_000)
             controls_text = page.locator(output('CONTROLS')).inner_text()
             lap(controls_text.strip())
-            assert "['lr', 'save', 'pause', 'resume', 'stop'] 0.01 ['manual-step" in controls_text
+            actions, saved = controls_text.split(' 0.01 ')
+            assert "['pause', 'lr', 'save', 'resume', 'save', 'stop']" in actions
+            assert f'manual-step{held}.pt' in saved and saved.count('manual-step') == 2
 
-            # The LR finder: move the slider by typing into its readout, click "Use this LR", ask the kernel.
-            page.wait_for_selector(output('ALL CELLS DONE'), timeout=120_000)
+            # ---- 2. A failing fit: one line in the cell, the summary with the error and the folded traceback ----
+            error = cell(page, FAIL).locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')
+            error.wait_for(timeout=60_000)
+            assert 'Fit failed at step' in error.inner_text() and error.inner_text().strip().count('\n') == 0
+            failed = cell(page, FAIL).locator(output('RuntimeError: boom'))
+            assert failed.locator('details summary:has-text("Traceback")').count() == 1
+            assert cell(page, FAIL).locator('.widget-button').count() == 0
+            lap(f'failure shown as: {error.inner_text().strip()!r}')
+
+            # ---- 3. The LR finder: slider, "Use this LR", the kernel's learn.lr, and the figure marks the choice ----
+            page.wait_for_selector(output('LR NOW'), timeout=120_000)
             before = float(page.locator(output('LR NOW')).inner_text().split()[-1])
-            page.locator('.jp-OutputArea-output .widget-hslider .noUi-handle').first.focus()
-            page.keyboard.press('Home')  # the slider's lowest tested lr
-            page.wait_for_timeout(500)
-            chosen = float(page.locator('.jp-OutputArea-output .widget-readout').first.inner_text())
-            page.locator('.jp-OutputArea-output .widget-button:has-text("Use this LR")').click()
+            figure = cell(page, FINDER).locator('.jp-OutputArea-output img').first
+            first_src = figure.get_attribute('src')
+            slider = cell(page, FINDER).locator('.widget-hslider')
+            assert slider.bounding_box()['width'] >= 400  # 8 decades: a slider long enough to pick from
+            readout = cell(page, FINDER).locator('.widget-readout').first
+            target = '2e-7' if float(readout.inner_text()) < 1.5e-7 else '1e-7'  # the test's first lr, or its second
+            readout.click()  # type an lr into the slider's readout, as a person can
+            page.keyboard.press('Control+A')
+            page.keyboard.type(target)
+            page.keyboard.press('Enter')
+            deadline = time.time() + 30
+            while float(readout.inner_text()) > 1.5 * float(target):  # the slider moved to (about) the lr typed
+                assert time.time() < deadline, f'the slider did not move: {readout.inner_text()}'
+                page.wait_for_timeout(100)
+            deadline = time.time() + 30
+            while figure.get_attribute('src') == first_src:  # the figure follows the slider
+                assert time.time() < deadline, 'the figure did not follow the slider'
+                page.wait_for_timeout(100)
+            chosen = float(cell(page, FINDER).locator('.widget-readout').first.inner_text())
+            cell(page, FINDER).locator('.widget-button:has-text("Use this LR")').click()
             page.wait_for_selector('.widget-label:has-text("now learn.lr")', timeout=30_000)
-            lr_cell = page.locator('.jp-CodeCell:has(.jp-InputArea-editor:has-text("print(\'LR NOW\'"))')
-            lr_cell.locator('.jp-InputArea-editor').click()
-            page.keyboard.press('Shift+Enter')
+            run_cell(page, LR_NOW)
             page.wait_for_function(f"[...document.querySelectorAll('.jp-OutputArea-output')]"
                                    f".some(o => o.innerText.startsWith('LR NOW') && !o.innerText.includes('{before}'))",
                                    timeout=30_000)
@@ -181,9 +281,50 @@ def test_dashboard_controls_and_lr_finder_in_jupyterlab(lab):
             lap(f'LR finder: learn.lr {before} -> {after}')
             assert after != before and abs(after - chosen) <= 0.01 * chosen  # the slider's value (its readout is rounded)
             page.screenshot(path=str(ARTIFACTS / 'lr-finder.png'), full_page=True)
+
+            # ---- 4. Saved, and read back from disk: the summaries and the finder's figure are plain outputs ----
+            page.keyboard.press('Control+s')
+            deadline = time.time() + 30
+            while True:
+                saved_nb = nbformat.read(folder / 'ui_fit.ipynb', as_version=4)
+                if saved_nb.cells[FINDER].outputs: break
+                assert time.time() < deadline, 'the notebook was not saved'
+                page.wait_for_timeout(200)
+            fit_out = [o for o in saved_nb.cells[FIT].outputs if 'text/html' in o.get('data', {})]
+            assert 'Fit stopped at step' in fit_out[0]['data']['text/html']
+            assert not any('application/vnd.jupyter.widget-view+json' in o.get('data', {}) for o in saved_nb.cells[FIT].outputs)
+            assert any('Fit failed at step' in o.get('data', {}).get('text/html', '') for o in saved_nb.cells[FAIL].outputs)
+            finder_images = [o for o in saved_nb.cells[FINDER].outputs if 'image/png' in o.get('data', {})]
+            assert len(finder_images) == 1 and finder_images[0]['data']['image/png'] != first_src.split(',')[-1]
+            lap('saved notebook keeps the summaries and the LR finder figure')
+
+            # ---- 5. A background fit; a browser reload loses its dashboard; learn.dashboard() brings it back ----
+            run_cell(page, BACKGROUND)
+            live = cell(page, BACKGROUND).locator('.nbtrainer-dashboard')
+            live.locator('.widget-button:has-text("Stop")').wait_for(timeout=60_000)
+            wait_for_status(page, live, r'step [1-9]')
+            lap('background fit running; reloading the page')
+            page.reload()
+            open_notebook(page, port)
+            assert page.locator('.nbtrainer-dashboard').count() == 0  # the running fit's dashboard is gone
+            run_cell(page, REATTACH)
+            again = cell(page, REATTACH).locator('.nbtrainer-dashboard')
+            again_stop = again.locator('.widget-button:has-text("Stop")')
+            again_stop.wait_for(timeout=60_000)
+            first_step = int(wait_for_status(page, again, r'step (\d+)').group(1))
+            wait_for_status(page, again, rf'step (?!{first_step}\b)\d+')  # live: the step moves on
+            lap(f'learn.dashboard() after the reload: {status_text(page, again)!r}')
+            page.screenshot(path=str(ARTIFACTS / 'dashboard-reattached.png'), full_page=True)
+            again_stop.click()
+            cell(page, REATTACH).locator(output('Stop button clicked')).wait_for(timeout=60_000)
+            assert cell(page, REATTACH).locator(output('Fit stopped at step')).count() == 1
+            run_cell(page, REATTACH + 1)
+            page.wait_for_selector(output('BACKGROUND DONE stopped'), timeout=60_000)
+            lap('the re-attached Stop ended the background fit; its summary replaced the dashboard')
+            page.screenshot(path=str(ARTIFACTS / 'dashboard-reattached-stopped.png'), full_page=True)
             (ARTIFACTS / 'measurements.json').write_text(json.dumps(
-                {'stop_click_to_after_fit_s': latency, 'stopped_at_step': int(step), 'figure_frames_seen': len(frames),
-                 'lr_before': before, 'lr_after': after}, indent=1))
+                {**measured, 'stopped_at_step': int(step), 'figure_frames_seen': len(frames), 'lr_before': before,
+                 'lr_after': after, 'seconds': time.time() - t0}, indent=1))
         except Exception:
             page.screenshot(path=str(ARTIFACTS / 'failure.png'), full_page=True)
             raise
