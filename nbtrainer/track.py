@@ -180,13 +180,16 @@ class _Heartbeat(threading.Thread):
         self.db, self.run_id, self.every, self.done = db, run_id, every, threading.Event()
 
     def run(self):
+        con = None
         try:
-            with closing(connect(self.db)) as con:
-                while not self.done.wait(self.every):
-                    with transaction(con):
-                        con.execute("UPDATE runs SET heartbeat = ? WHERE id = ? AND status = 'running'", (time.time(), self.run_id))
+            while not self.done.wait(self.every):
+                con = con or connect(self.db)  # at the first beat: a short fit never opens it
+                with transaction(con):
+                    con.execute("UPDATE runs SET heartbeat = ? WHERE id = ? AND status = 'running'", (time.time(), self.run_id))
         except Exception as e:  # never take the fit down; the run may read as died later, which is the truth it can tell
             warnings.warn(f'the Tracker heartbeat of run {self.run_id} stopped: {type(e).__name__}: {e}')
+        finally:
+            if con is not None: con.close()
 
     def stop(self):
         self.done.set()
