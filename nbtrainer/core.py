@@ -397,14 +397,19 @@ def _start_pass(self):
     return start
 
 @patch_to(Learner)
+def train_end_step(self):
+    "The step this training phase ends at: the fit's last, or with `steps_per_epoch` this epoch's last (`inf`: the loader's end)."
+    if not self.steps_per_epoch: return self._end_step
+    return min(self._end_step, self.fit_start[1] + (self.epoch - self.fit_start[0] + 1) * self.steps_per_epoch)
+
+@patch_to(Learner)
 def _do_train(self):
     self._set_phase(True)
     self.dl = self.train_dl
     self.model.train()
     self._check_next = True
     self._drop_window()
-    end = self._end_step
-    if self.steps_per_epoch: end = min(end, self.fit_start[1] + (self.epoch - self.fit_start[0] + 1) * self.steps_per_epoch)
+    end = self.train_end_step()
     if self.resume_position or not (self.steps_per_epoch and self._pass_dl is self.train_dl): self.mid_pass = False
     while self.step < end:
         if not self.mid_pass and self._start_pass(): self._evaluate_if_due()  # resumed right after a step whose evaluation had not run

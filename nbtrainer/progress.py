@@ -72,22 +72,25 @@ class ProgressCallback(Callback):
         self._pending, self._last, self._refresh = 0, 0.0, self._show  # batches not shown yet, last refresh, what it updates
 
     def _bar(self, **kwargs):
-        from tqdm.auto import tqdm  # lazy: picks the notebook widget in Jupyter
+        if self.file is None: from tqdm.auto import tqdm  # lazy: picks the notebook widget in Jupyter
+        else: from tqdm import tqdm  # text to the file asked for, in Jupyter too
         return tqdm(file=self.file, dynamic_ncols=True, **kwargs)
 
     def before_fit(self):
         learn = self.learn
         self._header_done = False
         n_batches = loader_length(learn.train_dl)
-        steps_per_epoch = math.ceil(n_batches / learn.accumulate) if n_batches else None  # an epoch's last, partial window steps
-        epochs = learn.n_epochs or (math.ceil(learn.n_steps / steps_per_epoch) if learn.n_steps and n_batches else None)
+        steps_per_epoch = learn.steps_per_epoch or (math.ceil(n_batches / learn.accumulate) if n_batches else None)
+        epochs = learn.n_epochs or (math.ceil(learn.n_steps / steps_per_epoch) if learn.n_steps and steps_per_epoch else None)
         self.epoch_bar = self._bar(total=epochs, initial=learn.epoch - learn.fit_start[0], desc='epoch', unit='epoch', position=0)
 
     def before_train(self):
         learn = self.learn
-        total = loader_length(learn.train_dl)
-        if learn.n_epochs is None and total is not None:  # the last epoch of a steps= fit may be short
-            total = min(total, (learn.fit_start[1] + learn.n_steps - learn.step) * learn.accumulate)
+        total = None if learn.steps_per_epoch else loader_length(learn.train_dl)
+        end = learn.train_end_step()
+        if math.isfinite(end):  # a steps= fit's last epoch may be short; steps_per_epoch epochs are sized in steps
+            left = (end - learn.step) * learn.accumulate
+            total = left if total is None else min(total, left)
         self.batch_bar = self._bar(total=total, desc='train', unit='batch', leave=False, position=1)
         self._pending, self._last = 0, time.perf_counter()
 
@@ -118,7 +121,7 @@ class ProgressCallback(Callback):
     def _show_valid(self):
         if self.valid_bar is None:  # this validation outlasted a refresh period: now it gets a bar
             self.valid_bar = self._bar(total=loader_length(self.learn.dl), desc='valid', unit='batch', leave=False,
-                                       position=2)
+                                       position=2, mininterval=0)  # `refresh` throttles it already
         self.valid_bar.update(self._pending)
         self._pending = 0
 
