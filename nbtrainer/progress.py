@@ -56,9 +56,11 @@ def brief_traceback(error, learn):
     return error
 
 def display_widget(widget, text):
-    "Display an ipywidget with `text` as its plain-text form (what a saved notebook shows without the widget's state); returns the display handle."
+    "Display an ipywidget with `text` as its static form (what a saved notebook shows without the widget's state); returns the display handle."
+    import html
     from IPython.display import display
-    return display({**widget._repr_mimebundle_(), 'text/plain': text}, raw=True, display_id=True)
+    static = {'text/plain': text, 'text/html': f'<p><em>{html.escape(text)}</em></p>'}  # GitHub, nbconvert, the docs
+    return display({**widget._repr_mimebundle_(), **static}, raw=True, display_id=True)
 
 # %% ../nbs/02_progress.ipynb #dc106bc9
 class ProgressCallback(Callback):

@@ -9,7 +9,7 @@ stored in them, so they are stored executed. Each runs in a fresh kernel, in its
 the saved outputs are what that user would see (in a kernel, a fit shows the dashboard, which ends as a static summary).
 A notebook that raises is not saved, and the command exits with an error naming it.
 """
-import argparse, subprocess, sys, time
+import argparse, re, subprocess, sys, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,8 +26,13 @@ def execute(path, timeout):
     from nbclient import NotebookClient
     from nbconvert.preprocessors import CoalesceStreamsPreprocessor
     nb = nbformat.read(path, as_version=4)
+    skipped = [c for c in nb.cells if c.cell_type == 'code' and re.search(r'^#\|\s*eval:\s*false', c.source, re.M)]
+    for cell in skipped: cell.metadata.setdefault('tags', []).append('skip-execution')  # as nbdev-test skips them
     NotebookClient(nb, timeout=timeout, kernel_name='python3', store_widget_state=False,  # outputs are static
                    resources={'metadata': {'path': str(path.parent)}}).execute()
+    for cell in skipped:
+        cell.metadata['tags'].remove('skip-execution')
+        if not cell.metadata['tags']: del cell.metadata['tags']
     CoalesceStreamsPreprocessor().preprocess(nb, {})  # one text output per cell, progress redraws (\r) collapsed
     nbformat.write(nb, path)
 
