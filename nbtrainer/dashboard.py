@@ -60,6 +60,7 @@ _HINT = ('Buttons work with <code>learn.fit_async(...)</code>: a plain <code>fit
          'until it ends. To stop this fit, interrupt the kernel.')
 _LIVE_TEXT = 'Training dashboard (live while the fit runs; a static summary replaces it when the fit ends)'
 _CELL = 'padding:1px 6px;text-align:right;white-space:nowrap;font-weight:normal;overflow:hidden'
+_ROW = dict(margin='0', height='auto', min_height='0')  # a live table row's layout
 _TABLE = 'border-collapse:collapse;table-layout:fixed;font-size:12px;line-height:18px;font-variant-numeric:tabular-nums;margin:0'
 
 def _cells(values, keys, tag='td'):
@@ -79,7 +80,9 @@ def _table_html(rows, keys=None, header=True):
     return f'<table class="nbtrainer-history" style="{_TABLE}">{head}<tbody>{body}</tbody></table>'
 
 def _close(widget):
-    for child in getattr(widget, 'children', ()): _close(child)
+    "Close a widget and all it holds (children, layout, style): each is a comm in the kernel and a model in the browser."
+    for part in (*getattr(widget, 'children', ()), getattr(widget, 'layout', None), getattr(widget, 'style', None)):
+        if part is not None: _close(part)
     widget.close()
 
 def _describe_request(step, action, value):
@@ -132,9 +135,8 @@ class Dashboard(Callback):
             self.lr_box.observe(self._on_lr, names='value')  # Enter (or leaving the field) applies it
             controls.listeners.append(self._show_status)  # feedback while the loop is held, too
         self.image = W.Image(format='png', layout=W.Layout(display='none'))  # no slot until the first frame
-        self._row_layout = W.Layout(margin='0', height='auto', min_height='0')  # one layout, shared by every row
         self._row_widgets, self._keys = [], None
-        self.header = W.HTML(layout=self._row_layout)
+        self.header = W.HTML(layout=W.Layout(**_ROW))
         self.table = W.VBox([self.header], layout=W.Layout(margin='0 0 0 12px'))
         view = W.HBox([self.image, self.table], layout=W.Layout(flex_flow='row wrap', align_items='flex-start'))
         self.widget = W.VBox([self.bar_box, W.HBox(self.buttons), self.status, self.hint, view])
@@ -146,7 +148,7 @@ class Dashboard(Callback):
         old = self._bar_widgets.pop(slot, None)
         if container is not None: self._bar_widgets[slot] = container
         self.bar_box.children = [self._bar_widgets[s] for s in ('epoch', 'train', 'valid') if s in self._bar_widgets]
-        if old is not None: old.close()
+        if old is not None: _close(old)  # the bar, its labels and their styles: not only the box
 
     def _show_frame(self, png, fig):
         from nbtrainer.plotting import display_size
@@ -160,7 +162,9 @@ class Dashboard(Callback):
         import ipywidgets as W
         self.rows.append(row)
         keys = list(dict.fromkeys(k for r in self.rows for k in r))
-        new_row = lambda r: W.HTML(_table_html([r], keys, header=False), layout=self._row_layout)
+        # Each row has its own layout and style, closed with it: parts shared by every row would hold, in the browser, a
+        # view for each row ever shown, and the page would stall longer and longer as the fit goes on (bench/dashboard.py).
+        new_row = lambda r: W.HTML(_table_html([r], keys, header=False), layout=W.Layout(**_ROW))
         dropped = self._row_widgets
         if keys != self._keys:  # a new column (rare): the header and the kept rows again
             self._keys, self.header.value = keys, _table_html([], keys)
@@ -169,7 +173,7 @@ class Dashboard(Callback):
             self._row_widgets = [*self._row_widgets, new_row(row)][-self.table_rows:]
             dropped = [w for w in dropped if w not in self._row_widgets]
         self.table.children = [self.header, *self._row_widgets]
-        for w in dropped: w.close()
+        for w in dropped: _close(w)
 
     def _show_status(self):
         learn = self.learn
