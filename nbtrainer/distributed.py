@@ -11,7 +11,7 @@ __all__ = ['DEFAULT_TIMEOUT', 'is_distributed', 'rank', 'world_size', 'is_main_p
            'sync_batchnorm_stats', 'request_stop', 'DistributedTrainer', 'launch']
 
 # %% ../nbs/15_distributed.ipynb #55073010
-import codecs, datetime, inspect, io, os, pickle, random, re, select, socket, sys, time, warnings, weakref
+import atexit, codecs, datetime, inspect, io, os, pickle, random, re, select, socket, sys, time, warnings, weakref
 
 import numpy as np
 import torch
@@ -53,6 +53,14 @@ def init_distributed(backend=None, timeout=None):
     backend = backend or ('nccl' if torch.cuda.is_available() else 'gloo')
     if backend == 'nccl': torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))  # so the default device is this rank's GPU
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout or DEFAULT_TIMEOUT))
+    atexit.register(_leave_group_at_exit)
+
+def _leave_group_at_exit():
+    "Destroy the group before the interpreter is torn down, unless the script ends in an error."
+    if not is_distributed() or getattr(sys, 'last_value', None) is not None: return  # after an error, peers may sit in a collective
+    dist.destroy_process_group()
+    # a gloo thread may still be freeing the last collective's tensors, which takes the GIL; in teardown that aborts (SIGABRT)
+    time.sleep(0.1)
 
 def barrier():
     "Wait until every rank gets here (a no-op in a single process)."
