@@ -13,17 +13,19 @@ __version__ = "0.0.1"
 from .callback import (EVENTS, Callback, CancelBackwardException, CancelBatchException, CancelEpochException,
                                 CancelFitException, CancelStepException, CancelTrainException, CancelValidateException,
                                 FunctionCallback, NonFiniteLossError, Order)
-from .data import batch_size, default_device, eval_loader, rebatch, subset_loader, to_device
+from .data import (batch_size, default_device, eval_loader, examples_digest, rebatch, skip_batches, subset_loader,
+                            to_device)
 from .rng import preserve_rng, rng_state, set_rng_state
 from .metrics import (F1, MCC, Accuracy, ConfusionMatrix, FunctionMetric, Loss, Mean, Metric, Perplexity,
                                Precision, Recall, TopKAccuracy, get_metric)
 from .layers import GhostBatchNorm
 from .precision import MixedPrecision
 from .recorder import Recorder, SkipNonFinite, monitored_value
+from .parts import Accumulation, FitProgress, SingleProcess, TrainPass
 from .core import Learner, patch_to
 from .progress import ProgressCallback
 from .plotting import plot_history
-from .checkpoint import Checkpointer, plain_state_dict, read_checkpoint
+from .checkpoint import Checkpointer, config_changes, plain_state_dict, read_checkpoint, run_config
 from .early_stopping import EarlyStopping
 from .loggers import CSVLogger, TensorBoardLogger
 from .evaluate import Evaluation, Report, SavePredictions
@@ -37,16 +39,17 @@ from .control import Controls
 from .dashboard import Dashboard
 from .track import MLflowLogger, Run, Runs, Tracker, runs
 
-__all__ = ['Accuracy', 'CSVLogger', 'Callback', 'CancelBackwardException', 'CancelBatchException',
+__all__ = ['Accumulation', 'Accuracy', 'CSVLogger', 'Callback', 'CancelBackwardException', 'CancelBatchException',
            'CancelEpochException', 'CancelFitException', 'CancelStepException', 'CancelTrainException',
            'CancelValidateException', 'Checkpointer', 'ConfusionMatrix', 'Controls', 'Dashboard', 'DataWait',
            'DataWaitWarning', 'DevicePrefetcher', 'EVENTS', 'EarlyStopping', 'Evaluation', 'F1',
-           'FunctionCallback', 'FunctionMetric', 'GhostBatchNorm', 'LRFinder', 'LRFinderResult', 'Learner',
+           'FitProgress', 'FunctionCallback', 'FunctionMetric', 'GhostBatchNorm', 'LRFinder', 'LRFinderResult', 'Learner',
            'LivePlot', 'Loss', 'MCC', 'MLflowLogger', 'Mean', 'Metric', 'MixedPrecision',
            'NonFiniteLossError', 'Order', 'ParamScheduler', 'Perplexity', 'Precision', 'ProgressCallback',
            'Recall', 'Recorder', 'Report', 'Run', 'Runs', 'SavePredictions', 'Schedule', 'Segment',
-           'SkipNonFinite', 'TensorBoardLogger', 'TopKAccuracy', 'Tracker', 'batch_size', 'default_device',
-           'eval_loader', 'get_metric', 'init_distributed', 'is_main_process', 'launch', 'monitored_value',
+           'SingleProcess', 'SkipNonFinite', 'TensorBoardLogger', 'TrainPass', 'TopKAccuracy', 'Tracker', 'batch_size', 'config_changes', 'default_device',
+           'eval_loader', 'examples_digest', 'get_metric', 'init_distributed', 'is_main_process', 'launch', 'monitored_value',
            'one_cycle', 'patch_to', 'plain_state_dict', 'plot_history', 'preserve_rng', 'rank',
-           'read_checkpoint', 'rebatch', 'request_stop', 'rng_state', 'runs', 'set_rng_state', 'shard_loader',
+           'read_checkpoint', 'rebatch', 'request_stop', 'rng_state', 'run_config', 'runs', 'set_rng_state', 'shard_loader',
+           'skip_batches',
            'subset_loader', 'suggest_lrs', 'to_device', 'world_size']

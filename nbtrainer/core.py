@@ -19,8 +19,9 @@ from .callback import (CANCEL_EXCEPTIONS, CancelBackwardException, CancelBatchEx
                                 CancelFitException, CancelStepException, CancelTrainException, CancelValidateException,
                                 add_note, as_callback, dispatch_tables)
 from .checks import hyperparameter
-from .data import batch_size, batch_sizes, loader_length, resolve_device, subset_loader, to_device
+from .data import batch_size, loader_length, resolve_device, subset_loader, to_device
 from .metrics import Mean, as_float, example_losses, get_metric, metric_name
+from .parts import Accumulation, FitProgress, SingleProcess, TrainPass
 from .precision import MixedPrecision
 from .recorder import Recorder, SkipNonFinite
 from .rng import preserve_rng, rng_state, set_rng_state
@@ -43,6 +44,26 @@ def _distributed_run():
     dist = torch.distributed
     return dist.is_available() and (dist.is_initialized() or int(os.environ.get('WORLD_SIZE', '1')) > 1)
 
+class _Scope:
+    "The end of an event scope: `after_<name>` always, after `after_cancel_<name>` when its Cancel exception ended it."
+    def __init__(self, learn, name, cancel):
+        self.learn, self.cancel = learn, cancel
+        self.after, self.cancelled = 'after_' + name, 'after_cancel_' + name
+
+    def __enter__(self): return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is not None:
+            if not issubclass(kind, self.cancel): return False  # an error, or another scope's cancel: not ours
+            self.learn(self.cancelled)
+        self.learn(self.after)
+        return True
+
+def _delegate(part, name):
+    "A Learner property that reads and writes `name` of the part `learn.<part>`: the part owns it."
+    return property(lambda self: getattr(getattr(self, part), name),
+                    lambda self, value: setattr(getattr(self, part), name, value), doc=f'`learn.{part}.{name}`')
+
 class Learner:
     "Train `model` on `train_dl` with `loss_func` and an optimizer from `opt_func`; callbacks see every step."
     target_keys = ('y', 'target', 'targets', 'label', 'labels')
@@ -51,52 +72,79 @@ class Learner:
     eval_seed = 0  # picks the fixed validation subset of fit(eval_subset=...)
     # Set by feature modules when imported (`import nbtrainer` imports them all), so core never imports them:
     display_factory = None      # nbtrainer.progress: dashboard (bool) -> the callback that shows progress
-    distributed_factory = None  # nbtrainer.distributed: sync_bn (bool) -> the callback that runs DDP
+    distributed_factory = None  # nbtrainer.distributed: sync_bn (bool) -> the DDP strategy (a callback too)
 
     def __init__(self, model, train_dl, valid_dl=None, loss_func=F.cross_entropy, opt_func=torch.optim.AdamW,
                  lr=1e-3, metrics=None, cbs=(), device=None, progress=True, skip_nonfinite=False,
                  precision='fp32', accumulate=1, clip_grad_norm=None, compile=False, dashboard=True, distributed=None,
                  sync_bn=False, train_metrics=()):
-        if not (isinstance(accumulate, int) and accumulate >= 1): raise ValueError(f'accumulate must be an int >= 1, got {accumulate!r}')
         for name, dl in (('train_dl', train_dl), ('valid_dl', valid_dl)):
             if isinstance(dl, Dataset) and not isinstance(dl, IterableDataset):
                 raise TypeError(f'{name} is a Dataset, which gives one example at a time, not a loader of batches: '
                                 f'pass DataLoader(dataset, batch_size=...{", shuffle=True" if name == "train_dl" else ""})')
         if clip_grad_norm is not None: clip_grad_norm = hyperparameter('clip_grad_norm', clip_grad_norm)
+        self.window = Accumulation(accumulate)  # the parts: nbs/00f_parts.ipynb
         self.device = resolve_device(device)
         self.precision = MixedPrecision(precision, self.device)
-        self.accumulate, self.clip_grad_norm = accumulate, clip_grad_norm
-        self.model = model.to(self.device)
-        self.distributed = _distributed_run() if distributed is None else bool(distributed)
-        mechanics = []
-        if self.distributed:  # wrap the model and shard the loader before anything else sees them
-            trainer = Learner.distributed_factory(sync_bn)
-            self.model, train_dl = trainer.prepare(self.model, self.device, train_dl)
-            mechanics.append(trainer)
-        self.main_process = not self.distributed or torch.distributed.get_rank() == 0  # the rank that draws and writes
+        self.progress = FitProgress()
+        distributed = _distributed_run() if distributed is None else bool(distributed)
+        self.strategy = Learner.distributed_factory(sync_bn) if distributed else SingleProcess()
+        # the strategy wraps the model and shards the loader before anything else sees them
+        self.model, train_dl = self.strategy.prepare(model.to(self.device), self.device, train_dl)
         if compile: self.model = torch.compile(self.model)
-        self.train_dl, self.valid_dl = train_dl, valid_dl
+        self.data_pass, self.valid_dl, self.clip_grad_norm = TrainPass(train_dl), valid_dl, clip_grad_norm
         self.loss_func, self.opt_func = loss_func, opt_func
         self.metrics = self._make_metrics(self._default_metrics() if metrics is None else metrics)
         self.valid_loss = Mean()
         self._lr, self.opt = hyperparameter('lr', lr), None
         self.create_opt()
-        self.epoch = self.step = self.batches_done = self.last_eval_step = 0
-        self.training = self.fitting = self.epoch_done = self.accumulating = self.mid_pass = False
-        self.steps_per_epoch = self._pass = self._pass_dl = None  # the pass over train_dl under way, and its loader
-        self.fit_start, self.resume_position, self.grad_norm, self.eval_prefix = (0, 0), None, None, ''
-        self.evaluating, self.model_output, self._forward_names = False, None, (None, None)
+        self.training = self.fitting = self.evaluating = False
+        self.grad_norm, self.eval_prefix, self.eval_row, self.model_output = None, '', None, None
         self.fit_outcome = self.fit_exception = None
         self.metric_values, self.status = {}, {}  # status: short texts callbacks post for displays, e.g. {'data wait': '12%'}
-        self._fit_lock, self._fit_thread = threading.Lock(), None
-        self._check_next, self._collect, self._window_left, self._window_batches = False, None, 0, 0
+        self._fit_lock, self._fit_thread, self._forward_names = threading.Lock(), None, (None, None)
+        self._check_next, self._collect, self._prefix = False, None, ''
+        self._scopes = {name: _Scope(self, name, cancel) for name, cancel in
+                        (('fit', CancelFitException), ('epoch', CancelEpochException), ('train', CancelTrainException),
+                         ('validate', CancelValidateException), ('batch', CancelBatchException),
+                         ('backward', CancelBackwardException), ('step', CancelStepException))}
         self.cbs, self._tables = [], dispatch_tables([])
         self._events = self._tables[False]
         self.recorder = Recorder(train_metrics=self._make_metrics(train_metrics, prefix='train_'))
-        defaults = [self.recorder, *mechanics]
+        defaults = [self.recorder] + ([self.strategy] if self.strategy.distributed else [])
         if progress: defaults.append(Learner.display_factory(dashboard))
         if skip_nonfinite: defaults.append(SkipNonFinite())
         self.add_cbs(defaults + list(cbs))
+
+    # ---- the parts, and the names callbacks have always read through the Learner ----
+    def parts(self):
+        "The parts that own the loop's state, by the name a checkpoint files their `state_dict()` under."
+        return {'progress': self.progress, 'pass': self.data_pass, 'window': self.window, 'precision': self.precision,
+                'strategy': self.strategy}
+
+    epoch, step = _delegate('progress', 'epoch'), _delegate('progress', 'step')  # callbacks may change them
+    fit_start, last_eval_step = _delegate('progress', 'fit_start'), _delegate('progress', 'last_eval_step')
+    n_epochs, n_steps = _delegate('progress', 'n_epochs'), _delegate('progress', 'n_steps')
+    eval_every, steps_per_epoch = _delegate('progress', 'eval_every'), _delegate('progress', 'steps_per_epoch')
+    accumulating = _delegate('window', 'accumulating')
+    step_examples, batch_examples = _delegate('window', 'step_examples'), _delegate('window', 'batch_examples')
+    accumulate = property(lambda self: self.window.n, doc='Micro-batches per optimizer step')
+    window_size = property(lambda self: self.window.size, doc="The current window's micro-batches")
+    window_batch = property(lambda self: self.window.index, doc="This micro-batch's place in its window")
+    window_examples = property(lambda self: self.window.examples_seen, doc='Examples that reached backward this window')
+    batches_done = property(lambda self: self.data_pass.batches_done, doc='Batches of the pass under way taken')
+    distributed = property(lambda self: self.strategy.distributed, doc='True under DDP (a process group)')
+    main_process = property(lambda self: self.strategy.main_process, doc='The process that draws and writes: rank 0')
+
+    @property
+    def train_dl(self):
+        "The training loader. Setting it starts the next fit on a fresh pass over the new loader."
+        return self.data_pass.dl
+
+    @train_dl.setter
+    def train_dl(self, dl): self.data_pass = TrainPass(dl)
+
+    def train_end_step(self): return self.progress.train_end_step()
 
     def _default_metrics(self):
         "Accuracy for a classification loss; none for a regression loss, which accuracy would only misdescribe."
@@ -156,13 +204,15 @@ class Learner:
                 add_note(e, f'raised in callback {type(cb).__name__} during {event}')
                 raise
 
-    def _with_events(self, body, scope, cancel):
-        try:
-            self('before_' + scope)
-            body()
-        except cancel:
-            self('after_cancel_' + scope)
-        self('after_' + scope)
+    def _fire_all(self, event):
+        "Fire `event` on every callback even if some raise (cleanup must reach them all), then raise the first error."
+        first = None
+        for cb, method in self._events[event]:
+            try: method()
+            except Exception as e:
+                add_note(e, f'raised in callback {type(cb).__name__} during {event}')
+                first = first or e
+        if first is not None: raise first
 
     # ---- optimizer and lr ----
     def create_opt(self):
@@ -183,489 +233,390 @@ class Learner:
         self._lr = hyperparameter('lr', value)  # the one check every learning rate goes through
         for group in self.opt.param_groups: group['lr'] = self._lr
 
-# %% ../nbs/00_core.ipynb #e29a7be1
-@patch_to(Learner)
-def split_batch(self, batch):
-    "Split a batch into model inputs `xb` (a tuple, or a dict of keyword inputs) and target `yb`."
-    if isinstance(batch, (list, tuple)):
-        return (tuple(batch), None) if len(batch) == 1 else (tuple(batch[:-1]), batch[-1])
-    if isinstance(batch, Mapping):
-        key = next((k for k in self.target_keys if k in batch), None)
-        target = batch[key] if key is not None else None
-        inputs = {k: v for k, v in batch.items() if k != key and k not in self.weight_keys}
-        names = self._model_arguments()
-        if names is None or inputs.keys() <= names:  # keywords the model takes; the target too, if it takes it
-            return ({**inputs, key: target} if names is not None and key in names else inputs), target
-        if len(inputs) == 1: return tuple(inputs.values()), target  # e.g. nn.Sequential: the input, positionally
-        if key is None: raise ValueError(self._no_target_message(batch))
-        raise ValueError(f'the batch has inputs {sorted(inputs)} but {type(self._plain_model()).__name__}.forward takes '
-                         f'{sorted(names)}: rename the batch keys, or set learn.target_keys / learn.weight_keys')
-    return (batch,), None
+    # ---- one batch: the steps a subclass overrides ----
+    def split_batch(self, batch):
+        "Split a batch into model inputs `xb` (a tuple, or a dict of keyword inputs) and target `yb`."
+        if isinstance(batch, (list, tuple)):
+            return (tuple(batch), None) if len(batch) == 1 else (tuple(batch[:-1]), batch[-1])
+        if isinstance(batch, Mapping):
+            key = next((k for k in self.target_keys if k in batch), None)
+            target = batch[key] if key is not None else None
+            inputs = {k: v for k, v in batch.items() if k != key and k not in self.weight_keys}
+            names = self._model_arguments()
+            if names is None or inputs.keys() <= names:  # keywords the model takes; the target too, if it takes it
+                return ({**inputs, key: target} if names is not None and key in names else inputs), target
+            if len(inputs) == 1: return tuple(inputs.values()), target  # e.g. nn.Sequential: the input, positionally
+            if key is None: raise ValueError(self._no_target_message(batch))
+            raise ValueError(f'the batch has inputs {sorted(inputs)} but {type(self._plain_model()).__name__}.forward takes '
+                             f'{sorted(names)}: rename the batch keys, or set learn.target_keys / learn.weight_keys')
+        return (batch,), None
 
-@patch_to(Learner)
-def _plain_model(self):
-    "The model without its DDP or torch.compile wrappers."
-    model = self.model
-    while hasattr(model, 'module') or hasattr(model, '_orig_mod'): model = getattr(model, 'module', None) or model._orig_mod
-    return model
+    def batch_weights(self, batch):
+        "Per-example weights of a batch (the `weight` or `mask` item of a dict batch), or None."
+        if not isinstance(batch, Mapping): return None
+        key = next((k for k in self.weight_keys if k in batch), None)
+        return None if key is None else batch[key].float()
 
-@patch_to(Learner)
-def _model_arguments(self):
-    "The names the model's `forward` takes (None if it takes **kwargs), looked up once per model."
-    model = self._plain_model()
-    if self._forward_names[0] is not model:
-        params = inspect.signature(model.forward).parameters.values()
-        names = None if any(p.kind is p.VAR_KEYWORD for p in params) else {p.name for p in params}
-        self._forward_names = (model, names)
-    return self._forward_names[1]
+    def predict(self):
+        "The model's output for `learn.xb` in `learn.model_output`, and the prediction in it in `learn.pred`."
+        out = self.model(**self.xb) if isinstance(self.xb, dict) else self.model(*self.xb)
+        self.model_output, self.pred = out, out if isinstance(out, torch.Tensor) else self._prediction(out)
 
-@patch_to(Learner)
-def batch_weights(self, batch):
-    "Per-example weights of a batch (the `weight` or `mask` item of a dict batch), or None."
-    if not isinstance(batch, Mapping): return None
-    key = next((k for k in self.weight_keys if k in batch), None)
-    return None if key is None else batch[key].float()
+    def get_loss(self):
+        "The batch's mean loss, in `learn.loss`: the model's own if its output carries one, else `loss_func`'s (weighted)."
+        out = self.model_output
+        if out is not self.pred and (loss := out.get('loss') if isinstance(out, Mapping) else getattr(out, 'loss', None)) is not None:
+            self.loss = loss
+        elif self.weights is not None:  # padding: the weighted mean of per-example losses, no sync
+            losses = example_losses(self.loss_func, self.pred, self.yb)
+            self.loss = (losses * self.weights).sum() / self.bs.clamp(min=1e-12)  # bs: the weights' sum
+        elif self.yb is not None: self.loss = self.loss_func(self.pred, self.yb)
+        else:
+            try: self.loss = self.loss_func(self.pred)
+            except TypeError as e:  # a loss that needs targets, and batches that have none
+                if not self._check_next: raise
+                raise ValueError(self._no_target_message(self.batch)) from e
 
-@patch_to(Learner)
-def predict(self):
-    "The model's output for `learn.xb` in `learn.model_output`, and the prediction in it in `learn.pred`."
-    out = self.model(**self.xb) if isinstance(self.xb, dict) else self.model(*self.xb)
-    self.model_output, self.pred = out, out if isinstance(out, torch.Tensor) else self._prediction(out)
+    def backward(self):
+        "Backpropagate `learn.loss_grad` (through the fp16 loss scaler when there is one)."
+        self.precision.scale(self.loss_grad).backward()
 
-@patch_to(Learner)
-def _prediction(self, out):
-    "The prediction in a model's output: a tuple's first item, or a mapping's or dataclass's `pred_key` item."
-    found = out.get(self.pred_key) if isinstance(out, Mapping) else getattr(out, self.pred_key, None)
-    if found is not None: return found
-    if isinstance(out, (list, tuple)): return out[0]
-    keys = sorted(out) if isinstance(out, Mapping) else [k for k in dir(out) if not k.startswith('_')]
-    raise ValueError(f'the model returned a {type(out).__name__} without {self.pred_key!r} (it has {keys}): '
-                     'set learn.pred_key to the name of its predictions')
+    def opt_step(self):
+        "Step the optimizer; a step the fp16 scaler skips (inf or NaN gradients) is cancelled, and not counted."
+        if not self.precision.step(self.opt): raise CancelStepException()
 
-@patch_to(Learner)
-def get_loss(self):
-    "The batch's mean loss, in `learn.loss`: the model's own if its output carries one, else `loss_func`'s (weighted)."
-    out = self.model_output
-    if out is not self.pred and (loss := out.get('loss') if isinstance(out, Mapping) else getattr(out, 'loss', None)) is not None:
-        self.loss = loss
-    elif self.weights is not None:  # padding: the weighted mean of per-example losses, no sync
-        losses = example_losses(self.loss_func, self.pred, self.yb)
-        self.loss = (losses * self.weights).sum() / self.bs.clamp(min=1e-12)  # bs: the weights' sum
-    elif self.yb is not None: self.loss = self.loss_func(self.pred, self.yb)
-    else:
-        try: self.loss = self.loss_func(self.pred)
-        except TypeError as e:  # a loss that needs targets, and batches that have none
-            if not self._check_next: raise
-            raise ValueError(self._no_target_message(self.batch)) from e
+    def zero_grad(self): self.opt.zero_grad()
 
-@patch_to(Learner)
-def _no_target_message(self, batch):
-    if isinstance(batch, Mapping):
-        return (f'the batches have no target: none of their keys {sorted(batch)} is one of learn.target_keys '
-                f'{self.target_keys}; set learn.target_keys = ("your_target_key",)')
-    return ('the batches have no target (each is a single tensor), but the loss needs one: have the loader yield '
-            '(inputs, targets) pairs or dicts with a "y" key, or use a loss of the predictions alone')
+    # ---- the loop ----
+    def _one_batch(self, batch):
+        "One batch through its events: forward and loss; in training, backward and, when its window ends, the step."
+        self.batch = to_device(batch, self.device)
+        self.xb, self.yb = self.split_batch(self.batch)
+        self.weights = self.strategy.mask_padding(self, self.batch_weights(self.batch))
+        # examples that count: a device tensor when weighted (summed without a sync), else an int
+        self.bs = batch_size(self.yb if self.yb is not None else self.xb) if self.weights is None else self.weights.sum()
+        window = self.window
+        if self.training:
+            data = self.data_pass
+            window.plan_batch(self.bs, self.iter, data.n_batches, self._planned_examples)
+            self.strategy.count_examples(self)
+        with self._scopes['batch']:
+            try:
+                self('before_batch')
+                if self.precision.dtype is None: self._forward()
+                else:
+                    with self.precision.autocast(): self._forward()
+                if not self.training: return self._update_metrics()
+                self.loss_grad = window.share(self.loss, self.bs)  # callbacks may rescale it in before_backward
+                with self._scopes['backward']:
+                    self('before_backward')
+                    self.backward()
+                    window.add_backward()
+            except CancelBatchException:  # the window's other micro-batches still step, before after_batch
+                if self.training and window.step_due(): self._step()
+                raise
+            if window.step_due(): self._step()
 
-@patch_to(Learner)
-def backward(self):
-    "Backpropagate `learn.loss_grad` (through the fp16 loss scaler when there is one)."
-    self.precision.scale(self.loss_grad).backward()
+    def _forward(self):
+        "The forward pass and the loss, with their events (under the precision's autocast)."
+        self.predict()
+        if self._check_next: self._check_labels()
+        self('after_pred')
+        self.get_loss()
+        if self._check_next: self._check_loss()
+        self('after_loss')
 
-@patch_to(Learner)
-def opt_step(self):
-    "Step the optimizer; a step the fp16 scaler skips (inf or NaN gradients) is cancelled, and not counted."
-    if not self.precision.step(self.opt): raise CancelStepException()
+    def _planned_examples(self, n):
+        "Examples in the `n` micro-batches from this one on: exact for an ordinary loader, else an estimate the step corrects."
+        sizes = self.data_pass.sizes
+        if sizes is not None and self.weights is None: return sum(sizes(i) for i in range(self.iter, self.iter + n))
+        return n * batch_size(self.yb if self.yb is not None else self.xb)
 
-@patch_to(Learner)
-def zero_grad(self): self.opt.zero_grad()
-
-@patch_to(Learner)
-def _one_batch(self, batch):
-    "Move `batch` to the device, split it, count its examples, and run it through the batch's events."
-    self.batch = to_device(batch, self.device)
-    self.xb, self.yb = self.split_batch(self.batch)
-    self.weights = self.batch_weights(self.batch)
-    # examples that count: a device tensor when weighted (summed without a sync), else an int
-    self.bs = batch_size(self.yb if self.yb is not None else self.xb) if self.weights is None else self.weights.sum()
-    if self.training: self._plan_batch()
-    self._with_events(self._do_batch, 'batch', CancelBatchException)
-
-@patch_to(Learner)
-def _forward(self):
-    "The forward pass and the loss, under the precision's autocast, with their events."
-    if self.precision.dtype is not None:
-        with self.precision.autocast(): return self._forward_events()
-    self._forward_events()
-
-@patch_to(Learner)
-def _forward_events(self):
-    self.predict()
-    if self._check_next: self._check_labels()
-    self('after_pred')
-    self.get_loss()
-    if self._check_next: self._check_loss()
-    self('after_loss')
-
-@patch_to(Learner)
-def _do_batch(self):
-    if not self.training:
-        self._forward()
-        return self._update_metrics()
-    try:
-        self._forward()
-        # this batch's share of the step's mean: callbacks may rescale it in before_backward
-        self.loss_grad = self.loss if self.step_examples is self.bs else self.loss * (self.bs / self.step_examples)
-        self._with_events(self._backward, 'backward', CancelBackwardException)
-    except CancelBatchException:
-        if not self.accumulating and self._window_batches: self.apply_step()  # the window's other micro-batches still step
-        raise
-    if not self.accumulating and self._window_batches: self.apply_step()
-
-@patch_to(Learner)
-def _backward(self):
-    self.backward()
-    self.window_examples = self.batch_examples if not self._window_batches else self.window_examples + self.batch_examples
-    self._window_batches += 1
-
-# %% ../nbs/00_core.ipynb #a2f3bbc4
-@patch_to(Learner)
-def _plan_batch(self):
-    "Before a training batch's events: does it end its window, and at a window's start, the examples the step averages over."
-    if self._window_left == 0:  # this batch starts a window
-        n = self.accumulate if self._epoch_batches is None else min(self.accumulate, self._epoch_batches - self.iter)
-        self._window_left, self.window_batch, self.window_size = n, 0, n
-        self.step_examples = self.bs if n == 1 else self._planned_examples(n)  # n == 1: the batch is the step
-    else: self.window_batch += 1
-    self._window_left -= 1
-    self.accumulating = self._window_left > 0
-    self.batch_examples = self.bs
-
-@patch_to(Learner)
-def _planned_examples(self, n):
-    "Examples in the `n` micro-batches from this one on: exact for an ordinary loader, else an estimate the step corrects."
-    if self._epoch_sizes is not None and self.weights is None:
-        return sum(self._epoch_sizes(i) for i in range(self.iter, self.iter + n))
-    return n * batch_size(self.yb if self.yb is not None else self.xb)
-
-@patch_to(Learner)
-def apply_step(self):
-    "The optimizer step of a finished window, with its events, then `zero_grad`."
-    self._rescale_gradients()
-    self._with_events(self._take_step, 'step', CancelStepException)
-    self.precision.end_step()
-    self.zero_grad()
-    self._window_batches = 0
-
-@patch_to(Learner)
-def _rescale_gradients(self):
-    "When the window's examples differ from the plan, make the gradients the mean over those that reached backward."
-    planned, seen = self.step_examples, self.window_examples
-    if seen is planned: return
-    if not (torch.is_tensor(planned) or torch.is_tensor(seen)):
-        if abs(planned - seen) <= 1e-12 * abs(seen): return
-    elif torch.is_tensor(seen): seen = seen.clamp(min=1e-12)  # all weights 0: the gradients are 0 anyway
-    grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-    if grads: torch._foreach_mul_(grads, planned / seen)  # a device tensor when weighted: no sync
-
-@patch_to(Learner)
-def _take_step(self):
-    if self.clip_grad_norm is not None:
-        self.precision.unscale(self.opt)  # fp16: clip the true gradients
-        self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
-    self.opt_step()
-    self.step += 1
-
-@patch_to(Learner)
-def _drop_window(self):
-    "Gradients of a window cut short by a cancel: dropped, so they do not leak into the next step."
-    if self._window_batches: self.zero_grad()
-    self._window_left = self._window_batches = 0
-    self.accumulating = False
-
-# %% ../nbs/00_core.ipynb #9934d3f1
-@patch_to(Learner)
-def _start_pass(self):
-    "Start a pass over `train_dl`; a resumed pass replays its order and skips the batches done. Returns how many it skipped."
-    resume, self.resume_position = self.resume_position, None
-    if resume: set_rng_state(resume['epoch_start'], self.train_dl)
-    self.epoch_start_state = rng_state(self.train_dl)  # what fixes this pass's order: checkpoints keep it
-    batches, start = iter(self.train_dl), resume['batches_done'] if resume else 0
-    for _ in range(start): next(batches)
-    if resume: set_rng_state(resume['rng'], self.train_dl)
-    self._pass, self._pass_dl, self.batches_done, self.mid_pass = enumerate(batches, start), self.train_dl, start, True
-    self._epoch_batches, self._epoch_sizes = loader_length(self.train_dl), batch_sizes(self.train_dl)
-    return start
-
-@patch_to(Learner)
-def train_end_step(self):
-    "The step this training phase ends at: the fit's last, or with `steps_per_epoch` this epoch's last (`inf`: the loader's end)."
-    if not self.steps_per_epoch: return self._end_step
-    return min(self._end_step, self.fit_start[1] + (self.epoch - self.fit_start[0] + 1) * self.steps_per_epoch)
-
-@patch_to(Learner)
-def _do_train(self):
-    self._set_phase(True)
-    self.dl = self.train_dl
-    self.model.train()
-    self._check_next = True
-    self._drop_window()
-    end = self.train_end_step()
-    if self.resume_position or not (self.steps_per_epoch and self._pass_dl is self.train_dl): self.mid_pass = False
-    while self.step < end:
-        if not self.mid_pass and self._start_pass(): self._evaluate_if_due()  # resumed right after a step whose evaluation had not run
-        if self._train_pass(end) and not self.steps_per_epoch: break  # the pass ran out: so did the epoch
-    self.accumulating = False
-
-@patch_to(Learner)
-def _train_pass(self, end):
-    "Train on the current pass until step `end`; True if the pass ran out first."
-    for self.iter, batch in self._pass:
-        self.batches_done = self.iter + 1  # taken from the loader, as a checkpoint in after_batch must know
-        self._one_batch(batch)
-        self._evaluate_if_due()
-        if self.step >= end: return False
-    if self.batches_done == 0: raise ValueError('train_dl yielded no batches: the training loader is empty')
-    if self._window_batches: self.apply_step()  # a trailing window the loader's length did not announce
-    self.mid_pass = False
-    return True
-
-@patch_to(Learner)
-def _evaluate_if_due(self):
-    if self.eval_every and self.step % self.eval_every == 0 and self.step != self.last_eval_step: self._evaluate()
-
-@patch_to(Learner)
-def _do_epoch(self):
-    self.epoch_done = False
-    self._with_events(self._do_train, 'train', CancelTrainException)
-    self.epoch_done = True  # training of this epoch is complete: a checkpoint from now on resumes at the next
-    if not self.steps_per_epoch: self.mid_pass = False  # the next epoch starts a pass of its own
-    if not self.eval_every: self._evaluate()
-
-# %% ../nbs/00_core.ipynb #d5c818f1
-@patch_to(Learner)
-def fit(self, epochs=None, *, steps=None, steps_per_epoch=None, eval_every=None, eval_subset=None, cbs=(), lr=None,
-        reset_opt=False, resume=None):
-    "Train for `epochs` epochs, or `steps` optimizer steps; validate each epoch or every `eval_every` steps."
-    if not self._fit_lock.acquire(blocking=False):
-        raise RuntimeError('a fit is already running on this Learner (started by fit, fit_async, a callback or another '
-                           'thread): wait for it to end, or stop it first (learn.controls.stop())')
-    try:
-        self._plan_fit(epochs, steps, steps_per_epoch, eval_every, eval_subset, lr, reset_opt, resume)
-        cbs = self.add_cbs(cbs)
-        try: self._run_fit()
-        finally: self.remove_cbs(cbs)
-    finally: self._fit_lock.release()
-
-@patch_to(Learner)
-def _plan_fit(self, epochs, steps, steps_per_epoch, eval_every, eval_subset, lr, reset_opt, resume):
-    if (epochs is None) == (steps is None): raise ValueError('fit needs exactly one of epochs= or steps=')
-    for name, v in (('epochs', epochs), ('steps', steps), ('steps_per_epoch', steps_per_epoch), ('eval_every', eval_every)):
-        if v is not None and not (isinstance(v, int) and v > 0): raise ValueError(f'{name} must be an int > 0, got {v!r}')
-    n_batches = loader_length(self.train_dl)
-    if n_batches == 0: raise ValueError('train_dl yielded no batches: the training loader is empty')
-    if loader_length(self.valid_dl) == 0:
-        raise ValueError('valid_dl is empty: pass a validation loader with batches, or valid_dl=None to train without validation')
-    self.fit_start, self.last_eval_step = (self.epoch, self.step), self.step
-    if resume: self.resume(resume)  # nbtrainer.checkpoint: the whole state back, fit_start and mid-epoch position included
-    if reset_opt: self.create_opt()
-    if lr is not None: self.lr = lr
-    self.n_epochs, self.eval_every, self.steps_per_epoch = epochs, eval_every, steps_per_epoch
-    per_epoch = steps_per_epoch or (math.ceil(n_batches / self.accumulate) if n_batches else None)
-    self.n_steps = steps or (epochs * per_epoch if per_epoch else None)
-    self._end_epoch = self.fit_start[0] + epochs if epochs else math.inf
-    self._end_step = self.fit_start[1] + steps if steps else math.inf
-    self._eval_dl, self.eval_prefix = self.valid_dl, ''
-    if eval_subset is not None and self.valid_dl is not None:  # periodic evaluations on a fixed, seeded subset
-        self._eval_dl, self.eval_prefix = subset_loader(self.valid_dl, eval_subset, self.eval_seed), 'subset_'
-
-@patch_to(Learner)
-def _run_fit(self):
-    "The fit's events, and the cleanup that always runs: `after_fit` on every callback, whatever ended the fit."
-    self.fitting, self._fit_thread, self.grad_norm = True, threading.get_ident(), None
-    self.fit_outcome = self.fit_exception = error = None
-    try:
+    def _step(self):
+        "The optimizer step of a finished window, with its events, then `zero_grad`."
+        self.window.rescale(self.model.parameters())
+        with self._scopes['step']:
+            self('before_step')
+            if self.clip_grad_norm is not None:
+                self.precision.unscale(self.opt)  # fp16: clip the true gradients
+                self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
+            self.opt_step()
+            self.progress.step += 1
+        self.precision.end_step()
         self.zero_grad()
-        try:
-            self('before_fit')
-            self._do_fit()
-            self.fit_outcome = 'finished'
-        except CancelFitException as e:
-            self.fit_outcome, self.fit_exception = 'stopped', e
-            self('after_cancel_fit')
-    except BaseException as e:  # an interrupt or an error: clean up, then raise it again
-        self.fit_outcome = 'interrupted' if isinstance(e, KeyboardInterrupt) else 'failed'
-        self.fit_exception = error = e
-    try:
-        if error is not None: self._fire_all('after_cancel_fit')
-        self._fire_all('after_fit')
-    except Exception as cleanup_error:
-        if error is None: raise
-        add_note(error, f'while cleaning up, {type(cleanup_error).__name__}: {cleanup_error}')
-    finally:
-        self.fitting, self._fit_thread = False, None
-        if not self.steps_per_epoch: self.mid_pass = False  # only a fit of steps_per_epoch leaves its pass to the next
-        self._set_phase(False)
+        self.window.stepped()
+
+    def _drop_window(self):
+        "Gradients of a window cut short by a cancel: dropped, so they do not leak into the next step."
+        if self.window.backwards: self.zero_grad()
+        self.window.drop()
+
+    def _train(self):
+        "The training phase: batches from the pass under way (or new passes) until this epoch's last step."
+        self._set_phase(True)
+        self.dl, data, progress = self.train_dl, self.data_pass, self.progress
         self.model.train()
-    if error is not None: raise error
+        self._check_next = True
+        self._drop_window()
+        end = progress.train_end_step()
+        if data.resume_at or not progress.steps_per_epoch: data.end()  # an epoch is a pass of its own
+        while progress.step < end:
+            if not data.under_way and data.start() and progress.eval_due(): self._evaluate()  # resumed where one was due
+            for self.iter, batch in data.batches:
+                data.batches_done = self.iter + 1  # taken from the loader, as a checkpoint in after_batch must know
+                self._one_batch(batch)
+                if progress.eval_due(): self._evaluate()
+                if progress.step >= end: break
+            else:  # the pass ran out
+                if data.batches_done == 0: raise ValueError('train_dl yielded no batches: the training loader is empty')
+                if self.window.backwards: self._step()  # a trailing window the loader's length did not announce
+                data.end()
+                if not progress.steps_per_epoch: break  # so did the epoch
+        self.window.accumulating = False
 
-@patch_to(Learner)
-def _fire_all(self, event):
-    "Fire `event` on every callback even if some raise (cleanup must reach them all), then raise the first error."
-    first = None
-    for cb, method in self._events[event]:
-        try: method()
-        except Exception as e:
-            add_note(e, f'raised in callback {type(cb).__name__} during {event}')
-            first = first or e
-    if first is not None: raise first
+    def _epoch(self):
+        "An epoch: its training phase, then its evaluation unless the fit evaluates every `eval_every` steps."
+        with self._scopes['train']:
+            self('before_train')
+            self._train()
+        self.progress.epoch_done = True  # training of this epoch is complete: a checkpoint from now on resumes at the next
+        if not self.progress.steps_per_epoch: self.data_pass.end()  # the next epoch starts a pass of its own
+        if not self.progress.eval_every: self._evaluate()
 
-@patch_to(Learner)
-def _do_fit(self):
-    while self.epoch < self._end_epoch and self.step < self._end_step:
-        self._with_events(self._do_epoch, 'epoch', CancelEpochException)
-        self.epoch += 1
-    if self.eval_every and self.step != self.last_eval_step: self._evaluate()
-    if self.eval_prefix: self._evaluate(self.valid_dl, '')  # the full validation set, once, at the end
+    def fit(self, epochs=None, *, steps=None, steps_per_epoch=None, eval_every=None, eval_subset=None, cbs=(), lr=None,
+            reset_opt=False, resume=None, allow_changes=None):
+        "Train for `epochs` epochs, or `steps` optimizer steps; validate each epoch or every `eval_every` steps."
+        if not self._fit_lock.acquire(blocking=False):
+            raise RuntimeError('a fit is already running on this Learner (started by fit, fit_async, a callback or another '
+                               'thread): wait for it to end, or stop it first (learn.controls.stop())')
+        try:
+            self._plan_fit(epochs, steps, steps_per_epoch, eval_every, eval_subset, lr, reset_opt, resume, allow_changes)
+            cbs = self.add_cbs(cbs)
+            try: self._run_fit()
+            finally: self.remove_cbs(cbs)
+        finally: self._fit_lock.release()
 
-# %% ../nbs/00_core.ipynb #4c8fcfd6
-@patch_to(Learner)
-def _evaluate(self, dl=None, prefix=None):
-    "One of the fit's evaluations (`learn.evaluating`): validate, add a history row, fire `after_eval`."
-    self.last_eval_step, self.evaluating = self.step, True
-    try:
-        self._run_validate(self._eval_dl if dl is None else dl, prefix=self.eval_prefix if prefix is None else prefix)
-        self.eval_row = self.recorder.add_row()
-        self('after_eval')
-    finally: self.evaluating = False
+    def _plan_fit(self, epochs, steps, steps_per_epoch, eval_every, eval_subset, lr, reset_opt, resume, allow_changes):
+        if (epochs is None) == (steps is None): raise ValueError('fit needs exactly one of epochs= or steps=')
+        for name, v in (('epochs', epochs), ('steps', steps), ('steps_per_epoch', steps_per_epoch), ('eval_every', eval_every)):
+            if v is not None and not (isinstance(v, int) and v > 0): raise ValueError(f'{name} must be an int > 0, got {v!r}')
+        n_batches = loader_length(self.train_dl)
+        if n_batches == 0: raise ValueError('train_dl yielded no batches: the training loader is empty')
+        if loader_length(self.valid_dl) == 0:
+            raise ValueError('valid_dl is empty: pass a validation loader with batches, or valid_dl=None to train without validation')
+        self.progress.start_fit()
+        if resume:  # nbtrainer.checkpoint: the whole state back, fit_start and mid-epoch position included
+            self.resume(resume, allow_changes=allow_changes, lr_given=lr is not None)
+        if reset_opt: self.create_opt()
+        if lr is not None: self.lr = lr
+        self.progress.plan(epochs, steps, steps_per_epoch, eval_every,
+                           math.ceil(n_batches / self.window.n) if n_batches else None)
+        self._eval_dl, self.eval_prefix = self.valid_dl, ''
+        if eval_subset is not None and self.valid_dl is not None:  # periodic evaluations on a fixed, seeded subset
+            self._eval_dl, self.eval_prefix = subset_loader(self.valid_dl, eval_subset, self.eval_seed), 'subset_'
 
-@patch_to(Learner)
-def _run_validate(self, dl, collect=None, prefix=''):
-    saved = self.training, getattr(self, 'dl', None), getattr(self, 'iter', None), self._check_next
-    model_mode = self.model.training
-    self._set_phase(False)
-    self.dl, self.metric_values, self._collect, self._prefix = dl, {}, collect, prefix
-    self.model.eval()
-    for m in (self.valid_loss, *self.metrics): m.reset()
-    if self.fitting: self.rng_outside_validation = rng_state(self.train_dl)  # what a checkpoint saved now keeps
-    try:
-        with torch.no_grad(), preserve_rng(self.device):
-            self._with_events(self._do_validate, 'validate', CancelValidateException)
-    finally:
-        training, self.dl, self.iter, self._check_next = saved
-        self._set_phase(training)
-        self.model.train(model_mode)
-        self._collect = None
-    return self.metric_values
+    def _run_fit(self):
+        "The fit's events, and the cleanup that always runs: `after_fit` on every callback, whatever ended the fit."
+        self.fitting, self._fit_thread, self.grad_norm = True, threading.get_ident(), None
+        self.fit_outcome = self.fit_exception = error = None
+        progress = self.progress
+        try:
+            self.zero_grad()
+            try:
+                self('before_fit')
+                while progress.more_epochs():
+                    with self._scopes['epoch']:
+                        self('before_epoch')
+                        self._epoch()
+                    progress.next_epoch()
+                if progress.eval_every and progress.step != progress.last_eval_step: self._evaluate()
+                if self.eval_prefix: self._evaluate(self.valid_dl, '')  # the full validation set, once, at the end
+                self.fit_outcome = 'finished'
+            except CancelFitException as e:
+                self.fit_outcome, self.fit_exception = 'stopped', e
+                self('after_cancel_fit')
+        except BaseException as e:  # an interrupt or an error: clean up, then raise it again
+            self.fit_outcome = 'interrupted' if isinstance(e, KeyboardInterrupt) else 'failed'
+            self.fit_exception = error = e
+        try:
+            if error is not None: self._fire_all('after_cancel_fit')
+            self._fire_all('after_fit')
+        except Exception as cleanup_error:
+            if error is None: raise
+            add_note(error, f'while cleaning up, {type(cleanup_error).__name__}: {cleanup_error}')
+        finally:
+            self.fitting, self._fit_thread, progress.epoch_done = False, None, False
+            if not progress.steps_per_epoch: self.data_pass.end()  # only a fit of steps_per_epoch leaves its pass to the next
+            self._set_phase(False)
+            self.model.train()
+        if error is not None: raise error
 
-@patch_to(Learner)
-def _do_validate(self):
-    self._check_next, self.iter = True, -1
-    for self.iter, batch in enumerate(self.dl if self.dl is not None else ()):
-        self._one_batch(batch)
-    if self.dl is not None and self.iter < 0:
-        raise ValueError('the validation loader yielded no batches: pass a non-empty valid_dl (or dl=), '
-                         'or valid_dl=None to train without validation')
-    if self.dl is not None:
-        values = {'valid_loss': self.valid_loss.compute(), **{metric_name(m): as_float(m.compute()) for m in self.metrics}}
-        self.metric_values = {self._prefix + k: v for k, v in values.items()}
+    # ---- validation, and the fit's evaluations ----
+    def _evaluate(self, dl=None, prefix=None):
+        "One of the fit's evaluations (`learn.evaluating`): validate, add a history row, fire `after_eval`."
+        self.progress.last_eval_step, self.evaluating = self.step, True
+        try:
+            self._run_validate(self._eval_dl if dl is None else dl, prefix=self.eval_prefix if prefix is None else prefix)
+            self.eval_row = self.recorder.add_row()
+            self('after_eval')
+        finally: self.evaluating = False
 
-@patch_to(Learner)
-def _update_metrics(self):
-    self.valid_loss.update(self.loss.detach(), self.bs)
-    w = self.weights
-    for m in self.metrics:
-        if w is None: m.update(self.pred, self.yb)
-        else: m.update(self.pred, self.yb, weight=w)
-    if self._collect is not None:
-        keep = slice(None) if w is None else w != 0  # padding is not a prediction
-        self._collect[0].append(self.pred.detach()[keep])
-        if self.yb is not None: self._collect[1].append(self.yb[keep])
+    def _run_validate(self, dl, collect=None, prefix=''):
+        saved = self.training, getattr(self, 'dl', None), getattr(self, 'iter', None), self._check_next
+        model_mode = self.model.training
+        self._set_phase(False)
+        self.metric_values, self._collect, self._prefix = {}, collect, prefix
+        self.model.eval()
+        for m in (self.valid_loss, *self.metrics): m.reset()
+        if self.fitting: self.data_pass.hold_rng()  # a checkpoint saved now keeps training's random state
+        try:
+            with torch.no_grad(), preserve_rng(self.device), self._scopes['validate']:
+                self.dl = dl
+                self('before_validate')
+                self.dl = self.strategy.eval_loader(self, self.dl)
+                self._check_next, self.iter = True, -1
+                for self.iter, batch in enumerate(self.dl if self.dl is not None else ()): self._one_batch(batch)
+                if self.dl is not None and self.iter < 0:
+                    raise ValueError('the validation loader yielded no batches: pass a non-empty valid_dl (or dl=), '
+                                     'or valid_dl=None to train without validation')
+                if self.dl is not None:
+                    values = {'valid_loss': self.valid_loss.compute(),
+                              **{metric_name(m): as_float(m.compute()) for m in self.metrics}}
+                    self.metric_values = {self._prefix + k: v for k, v in values.items()}
+        finally:
+            training, self.dl, self.iter, self._check_next = saved
+            self._set_phase(training)
+            self.model.train(model_mode)
+            self._collect = None
+            self.data_pass.release_rng()
+        return self.metric_values
 
-@patch_to(Learner)
-def _valid_dl(self, dl):
-    if self.fitting and self._fit_thread != threading.get_ident():
-        raise RuntimeError('a fit is running on this Learner in another thread: validate or predict after it ends')
-    dl = dl if dl is not None else self.valid_dl
-    if dl is None: raise ValueError('no validation data: pass valid_dl= to Learner, or dl= here')
-    return dl
+    def _update_metrics(self):
+        self.valid_loss.update(self.loss.detach(), self.bs)
+        w = self.weights
+        for m in self.metrics:
+            if w is None: m.update(self.pred, self.yb)
+            else: m.update(self.pred, self.yb, weight=w)
+        if self._collect is not None:
+            keep = slice(None) if w is None else w != 0  # padding is not a prediction
+            self._collect[0].append(self.pred.detach()[keep])
+            if self.yb is not None: self._collect[1].append(self.yb[keep])
 
-@patch_to(Learner)
-def validate(self, dl=None):
-    "Evaluate on `dl` (default: `valid_dl`) and return {metric name: value}, `valid_loss` included."
-    return dict(self._run_validate(self._valid_dl(dl)))
+    def _valid_dl(self, dl):
+        if self.fitting and self._fit_thread != threading.get_ident():
+            raise RuntimeError('a fit is running on this Learner in another thread: validate or predict after it ends')
+        dl = dl if dl is not None else self.valid_dl
+        if dl is None: raise ValueError('no validation data: pass valid_dl= to Learner, or dl= here')
+        return dl
 
-@patch_to(Learner)
-def get_preds(self, dl=None):
-    "Predictions and targets for `dl` (default: `valid_dl`), concatenated on the CPU; padding (weight 0) left out."
-    preds, targets = [], []
-    self._run_validate(self._valid_dl(dl), collect=(preds, targets))
-    return torch.cat(preds).cpu(), (torch.cat(targets).cpu() if targets else None)
+    def validate(self, dl=None):
+        "Evaluate on `dl` (default: `valid_dl`) and return {metric name: value}, `valid_loss` included."
+        return dict(self._run_validate(self._valid_dl(dl)))
 
-@patch_to(Learner)
-def predict_batch(self, batch):
-    "The model's predictions for one `batch` (as a loader yields it), through `predict`, in eval mode and precision, no grad."
-    saved = self.xb, self.yb, self.pred
-    mode = self.model.training
-    self.model.eval()
-    try:
-        with torch.no_grad(), preserve_rng(self.device), self.precision.autocast():
-            self.xb, _ = self.split_batch(to_device(batch, self.device))
-            self.predict()
-            return self.pred
-    finally:
-        self.xb, self.yb, self.pred = saved
-        self.model.train(mode)
+    def get_preds(self, dl=None):
+        "Predictions and targets for `dl` (default: `valid_dl`), concatenated on the CPU; padding (weight 0) left out."
+        preds, targets = [], []
+        self._run_validate(self._valid_dl(dl), collect=(preds, targets))
+        return torch.cat(preds).cpu(), (torch.cat(targets).cpu() if targets else None)
 
-# %% ../nbs/00_core.ipynb #28072f9b
-@patch_to(Learner)
-def snapshot(self):
-    "Everything a fit can change, by value, in memory: `restore` puts it back exactly."
-    return {'attrs': {**vars(self), 'cbs': list(self.cbs), 'status': dict(self.status)},
-            'model': copy.deepcopy(self.model.state_dict()),
-            'grads': [None if p.grad is None else p.grad.clone() for p in self.model.parameters()],
-            'opt': copy.deepcopy(self.opt.state_dict()), 'precision': copy.deepcopy(self.precision.state_dict()),
-            'cbs': [copy.deepcopy(cb.state_dict()) for cb in self.cbs], 'rng': rng_state(self.train_dl)}
+    def predict_batch(self, batch):
+        "The model's predictions for one `batch` (as a loader yields it), through `predict`, in eval mode and precision, no grad."
+        saved = self.xb, self.yb, self.pred
+        mode = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad(), preserve_rng(self.device), self.precision.autocast():
+                self.xb, _ = self.split_batch(to_device(batch, self.device))
+                self.predict()
+                return self.pred
+        finally:
+            self.xb, self.yb, self.pred = saved
+            self.model.train(mode)
 
-@patch_to(Learner)
-def restore(self, saved):
-    "Put back a `snapshot`: weights, optimizer, scaler, counters, callbacks and their state, random state."
-    vars(self).clear()
-    vars(self).update(saved['attrs'])  # counters, plans, flags, the callback list and its dispatch tables
-    self.model.load_state_dict(saved['model'])
-    for p, g in zip(self.model.parameters(), saved['grads']): p.grad = g
-    self.opt.load_state_dict(saved['opt'])
-    self.precision.load_state_dict(saved['precision'])
-    for cb, state in zip(self.cbs, saved['cbs']): cb.load_state_dict(state)
-    set_rng_state(saved['rng'], self.train_dl)
+    # ---- snapshots: tools that train and must leave no trace ----
+    _SNAPSHOT_ATTRS = ('cbs', 'valid_dl', '_lr', 'training', 'fit_outcome', 'fit_exception', 'grad_norm', 'eval_row',
+                       'metric_values', 'eval_prefix')
 
-@patch_to(Learner)
-def probe(self, steps, cbs=()):
-    "Train `steps` steps with `cbs`, no validation and no callback with side effects, then put the Learner back exactly."
-    saved, modes = self.snapshot(), [m.training for m in self.model.modules()]
-    try:
-        self.remove_cbs([cb for cb in self.cbs if getattr(cb, 'side_effects', False)])
-        self.valid_dl = None
-        self.fit(steps=steps, cbs=cbs)
-    finally:
-        self.restore(saved)
-        for m, mode in zip(self.model.modules(), modes): m.training = mode  # fit leaves the model in train mode
+    def snapshot(self):
+        "Everything a fit can change, by value, in memory: `restore` puts it back exactly."
+        return {'learner': {k: copy.copy(getattr(self, k)) for k in self._SNAPSHOT_ATTRS}, 'status': dict(self.status),
+                'parts': {name: dict(vars(part)) for name, part in self.parts().items() if name != 'precision'},
+                'model': copy.deepcopy(self.model.state_dict()),
+                'grads': [None if p.grad is None else p.grad.clone() for p in self.model.parameters()],
+                'opt': copy.deepcopy(self.opt.state_dict()), 'precision': copy.deepcopy(self.precision.state_dict()),
+                'cbs': [copy.deepcopy(cb.state_dict()) for cb in self.cbs], 'rng': rng_state(self.train_dl)}
 
-# %% ../nbs/00_core.ipynb #cb3db01d
-@patch_to(Learner)
-def _check_labels(self):
-    pred, y = self.pred, self.yb
-    classes_dim = isinstance(pred, torch.Tensor) and pred.ndim >= 2 and pred.is_floating_point()
-    if not (classes_dim and isinstance(y, torch.Tensor) and not y.is_floating_point() and y.ndim == pred.ndim - 1):
-        return
-    n_classes, labels = pred.shape[1], y[y != -100]  # -100: cross_entropy's ignore_index
-    if labels.numel() and (labels.min() < 0 or labels.max() >= n_classes):  # one sync, first batch only
-        bad = int(labels.max()) if labels.max() >= n_classes else int(labels.min())
-        raise ValueError(f'labels out of range: the batch has label {bad} but the model outputs {n_classes} '
-                         f'classes, so labels must be in 0..{n_classes - 1}')
+    def restore(self, saved):
+        "Put back a `snapshot`: weights, optimizer, scaler, the parts, callbacks and their state, random state."
+        for k, v in saved['learner'].items(): setattr(self, k, v)
+        self.status.clear()
+        self.status.update(saved['status'])
+        for name, part in self.parts().items():
+            if name in saved['parts']: vars(part).clear(), vars(part).update(saved['parts'][name])
+        self._rebuild_dispatch()
+        self.model.load_state_dict(saved['model'])
+        for p, g in zip(self.model.parameters(), saved['grads']): p.grad = g
+        self.opt.load_state_dict(saved['opt'])
+        self.precision.load_state_dict(saved['precision'])
+        for cb, state in zip(self.cbs, saved['cbs']): cb.load_state_dict(state)
+        set_rng_state(saved['rng'], self.train_dl)
 
-@patch_to(Learner)
-def _check_loss(self):
-    self._check_next = False
-    if not isinstance(self.loss, torch.Tensor) or self.loss.ndim != 0:
-        shape = tuple(self.loss.shape) if isinstance(self.loss, torch.Tensor) else type(self.loss).__name__
-        raise ValueError(f'the loss must be a scalar tensor, got {shape}: reduce it, e.g. with .mean()')
+    def probe(self, steps, cbs=()):
+        "Train `steps` steps with `cbs`, no validation and no callback with side effects, then put the Learner back exactly."
+        saved, modes = self.snapshot(), [m.training for m in self.model.modules()]
+        try:
+            self.remove_cbs([cb for cb in self.cbs if getattr(cb, 'side_effects', False)])
+            self.valid_dl = None
+            self.fit(steps=steps, cbs=cbs)
+        finally:
+            self.restore(saved)
+            for m, mode in zip(self.model.modules(), modes): m.training = mode  # fit leaves the model in train mode
+
+    # ---- checks, once per phase, on its first batch ----
+    def _plain_model(self):
+        "The model without its DDP or torch.compile wrappers."
+        model = self.model
+        while hasattr(model, 'module') or hasattr(model, '_orig_mod'): model = getattr(model, 'module', None) or model._orig_mod
+        return model
+
+    def _model_arguments(self):
+        "The names the model's `forward` takes (None if it takes **kwargs), looked up once per model."
+        model = self._plain_model()
+        if self._forward_names[0] is not model:
+            params = inspect.signature(model.forward).parameters.values()
+            names = None if any(p.kind is p.VAR_KEYWORD for p in params) else {p.name for p in params}
+            self._forward_names = (model, names)
+        return self._forward_names[1]
+
+    def _prediction(self, out):
+        "The prediction in a model's output: a tuple's first item, or a mapping's or dataclass's `pred_key` item."
+        found = out.get(self.pred_key) if isinstance(out, Mapping) else getattr(out, self.pred_key, None)
+        if found is not None: return found
+        if isinstance(out, (list, tuple)): return out[0]
+        keys = sorted(out) if isinstance(out, Mapping) else [k for k in dir(out) if not k.startswith('_')]
+        raise ValueError(f'the model returned a {type(out).__name__} without {self.pred_key!r} (it has {keys}): '
+                         'set learn.pred_key to the name of its predictions')
+
+    def _no_target_message(self, batch):
+        if isinstance(batch, Mapping):
+            return (f'the batches have no target: none of their keys {sorted(batch)} is one of learn.target_keys '
+                    f'{self.target_keys}; set learn.target_keys = ("your_target_key",)')
+        return ('the batches have no target (each is a single tensor), but the loss needs one: have the loader yield '
+                '(inputs, targets) pairs or dicts with a "y" key, or use a loss of the predictions alone')
+
+    def _check_labels(self):
+        pred, y = self.pred, self.yb
+        classes_dim = isinstance(pred, torch.Tensor) and pred.ndim >= 2 and pred.is_floating_point()
+        if not (classes_dim and isinstance(y, torch.Tensor) and not y.is_floating_point() and y.ndim == pred.ndim - 1):
+            return
+        n_classes, labels = pred.shape[1], y[y != -100]  # -100: cross_entropy's ignore_index
+        if labels.numel() and (labels.min() < 0 or labels.max() >= n_classes):  # one sync, first batch only
+            bad = int(labels.max()) if labels.max() >= n_classes else int(labels.min())
+            raise ValueError(f'labels out of range: the batch has label {bad} but the model outputs {n_classes} '
+                             f'classes, so labels must be in 0..{n_classes - 1}')
+
+    def _check_loss(self):
+        self._check_next = False
+        if not isinstance(self.loss, torch.Tensor) or self.loss.ndim != 0:
+            shape = tuple(self.loss.shape) if isinstance(self.loss, torch.Tensor) else type(self.loss).__name__
+            raise ValueError(f'the loss must be a scalar tensor, got {shape}: reduce it, e.g. with .mean()')

@@ -24,6 +24,7 @@ from .callback import Callback, CancelFitException, NonFiniteLossError, Order
 from .core import Learner
 from .data import batch_size
 from .metrics import state_leaves
+from .parts import SingleProcess
 
 # %% ../nbs/15_distributed.ipynb #34a93be5
 DEFAULT_TIMEOUT = float(os.environ.get('NBTRAINER_DIST_TIMEOUT', 300))  # seconds a collective may wait for a peer
@@ -222,17 +223,20 @@ def _no_buffer_broadcast():
 
 def request_stop(learn):
     "From a callback: end the fit. One process: `CancelFitException` now. DDP: every rank raises it at the same batch, soon."
-    if not learn.distributed: raise CancelFitException()
-    learn.stop_requested = True  # DistributedTrainer reads it at the next check
+    learn.strategy.request_stop()
 
-class DistributedTrainer(Callback):
-    "DDP for a Learner: wraps the model, shards loaders, masks sampler padding, counts the global batch, syncs metrics and stops all ranks together."
-    order = Order.DEFAULT
+class DistributedTrainer(SingleProcess, Callback):
+    "The DDP strategy: wraps the model, shards loaders, masks sampler padding, counts the global batch, syncs metrics and stops all ranks together."
+    order, distributed = Order.DEFAULT, True
 
     def __init__(self, sync_bn=False, check_every=16):
         if not (isinstance(check_every, int) and check_every > 0): raise ValueError(f'check_every must be an int > 0, got {check_every!r}')
-        self.sync_bn, self.check_every = sync_bn, check_every
+        self.sync_bn, self.check_every, self.stop_requested = sync_bn, check_every, False
+        self.train_pad = self.valid_pad = None
         self._sharded = weakref.WeakKeyDictionary()  # evaluation loader -> its shard
+
+    @property
+    def main_process(self): return self.rank == 0
 
     def prepare(self, model, device, train_dl):
         "Join the process group, wrap `model` in DDP on `device`, shard `train_dl`, then give each rank its own streams."
@@ -249,9 +253,54 @@ class DistributedTrainer(Callback):
         seed_rank_streams(self.seed, self.rank)  # after the model exists: same init everywhere, distinct augmentation
         return model, train_dl
 
+    # ---- the strategy's collectives ----
+    def barrier(self): barrier()
+    def broadcast_object(self, obj): return broadcast_object(obj)
+    def request_stop(self): self.stop_requested = True  # read at the next check, from any thread
+
+    def before_save(self, learn):
+        "Before a checkpoint, on every rank: the model every rank holds, and rank 0 holding the global sums since the last row."
+        sync_batchnorm_stats(learn.model)  # a collective if the model has BatchNorm
+        hold_training_stats_on_rank_0(learn)
+
+    def mask_padding(self, learn, weights):
+        "The example the sampler repeated to even out the ranks gets weight 0, and counts nowhere."
+        self._user_weights = weights is not None  # the user's own weights: only an all-reduce can count them
+        pad = self.train_pad if learn.training else self.valid_pad
+        if pad is None or learn.iter != pad[0]: return weights
+        n = batch_size(learn.yb if learn.yb is not None else learn.xb)
+        w = torch.ones(n, device=learn.device) if weights is None else weights.clone()
+        w[pad[1]] = 0
+        return w
+
+    def count_examples(self, learn):
+        "Make the step's and the batch's example counts global, divided by the world size: DDP averages the ranks' gradients."
+        window, dl = learn.window, learn.train_dl
+        learn.model.require_backward_grad_sync = not window.accumulating  # no_sync inside a window
+        if self._global_sizes and not self._user_weights:  # from the sampler: no communication
+            window.batch_examples = global_batch_size(dl, learn.iter) / self.world
+            if window.index == 0:
+                window.step_examples = sum(global_batch_size(dl, i) for i in range(learn.iter, learn.iter + window.size)) / self.world
+            return
+        total = torch.as_tensor(learn.bs, dtype=torch.float32, device=learn.device).reshape(1).clone()
+        dist.all_reduce(total)  # one scalar per micro-batch, on the device: no host sync
+        window.batch_examples = total[0] / self.world
+        if window.size == 1: window.step_examples = window.batch_examples  # exact; longer windows are corrected at the step
+
+    def eval_loader(self, learn, dl):
+        "A shard of an evaluation `DataLoader`, whose metric states are summed over the ranks at its end."
+        self.valid_pad = None
+        if not isinstance(dl, DataLoader): return dl  # e.g. a list of batches: each rank evaluates all of it, unsummed
+        if dl not in self._sharded: self._sharded[dl] = shard_loader(dl, shuffle=False, seed=self.seed)
+        sharded = self._sharded[dl]
+        self.valid_pad = padded_position(sharded)
+        return _SyncAtEnd(sharded, learn)  # sharded by us, or by its iterable dataset: sum the metrics
+
+    def state_dict(self): return {'world': self.world}
+
+    # ---- events ----
     def before_fit(self):
-        learn = self.learn
-        learn.stop_requested, learn.recorder.nonfinite, self._since_check = False, None, 0
+        self.stop_requested, self.learn.recorder.nonfinite, self._since_check = False, None, 0
         self._unsynced = False  # gradients accumulated under no_sync that no synced backward has averaged yet
 
     def before_train(self):
@@ -260,43 +309,10 @@ class DistributedTrainer(Callback):
         if hasattr(sampler, 'set_epoch'): sampler.set_epoch(self.learn.epoch)  # a new shuffle each epoch, the same on all ranks
         self._global_sizes = global_batch_size(dl, 0) is not None  # the sampler tells each batch's global count
 
-    def before_validate(self):
-        learn = self.learn
-        sync_batchnorm_stats(learn.model)  # every rank evaluates (and checkpoints) the same model
-        self.valid_pad = None
-        if not isinstance(learn.dl, DataLoader): return  # e.g. a list of batches: each rank evaluates all of it, unsummed
-        if learn.dl not in self._sharded: self._sharded[learn.dl] = shard_loader(learn.dl, shuffle=False, seed=self.seed)
-        sharded = self._sharded[learn.dl]
-        self.valid_pad = padded_position(sharded)
-        learn.dl = _SyncAtEnd(sharded, learn)  # sharded by us, or by its iterable dataset: sum the metrics
+    def before_validate(self): sync_batchnorm_stats(self.learn.model)  # every rank evaluates (and checkpoints) the same model
 
     def after_validate(self):
         if self.learn.evaluating: sync_training_stats(self.learn.recorder, self.learn.device)  # before the row is made
-
-    def before_batch(self):
-        learn = self.learn
-        user_weights = learn.weights is not None  # the user's own weights: only an all-reduce can count them
-        pad = self.train_pad if learn.training else self.valid_pad
-        if pad is not None and learn.iter == pad[0]:  # the example the sampler repeated: weight 0, counted nowhere
-            n = batch_size(learn.yb if learn.yb is not None else learn.xb)
-            w = torch.ones(n, device=learn.device) if learn.weights is None else learn.weights.clone()
-            w[pad[1]] = 0
-            learn.weights, learn.bs = w, w.sum()
-        if learn.training: self._count_global(self._global_sizes and not user_weights)
-
-    def _count_global(self, counted):
-        "Make the step's and the batch's example counts global, divided by the world size: DDP averages the ranks' gradients."
-        learn, dl = self.learn, self.learn.train_dl
-        learn.model.require_backward_grad_sync = not learn.accumulating  # no_sync inside a window
-        if counted:  # from the sampler: no communication
-            learn.batch_examples = global_batch_size(dl, learn.iter) / self.world
-            if learn.window_batch == 0:
-                learn.step_examples = sum(global_batch_size(dl, i) for i in range(learn.iter, learn.iter + learn.window_size)) / self.world
-            return
-        total = torch.as_tensor(learn.bs, dtype=torch.float32, device=learn.device).reshape(1).clone()
-        dist.all_reduce(total)  # one scalar per micro-batch, on the device: no host sync
-        learn.batch_examples = total[0] / self.world
-        if learn.window_size == 1: learn.step_examples = learn.batch_examples  # exact; longer windows are corrected at the step
 
     def after_backward(self): self._unsynced = self.learn.accumulating
 
@@ -323,8 +339,7 @@ class DistributedTrainer(Callback):
         "Every rank learns whether any rank asked to stop or saw a non-finite loss: one tiny all-reduce."
         learn, self._since_check = self.learn, 0
         learn.recorder.flush()  # its NaN check: the host read happens now anyway
-        flags = torch.tensor([bool(getattr(learn, 'stop_requested', False)), learn.recorder.nonfinite is not None],
-                             dtype=torch.int32, device=learn.device)
+        flags = torch.tensor([self.stop_requested, learn.recorder.nonfinite is not None], dtype=torch.int32, device=learn.device)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         stop, nonfinite = flags.tolist()  # the host read: once per check_every batches
         if nonfinite:

@@ -11,7 +11,6 @@ __all__ = ['EarlyStopping']
 import math
 
 from .callback import Callback, CancelFitException, Order
-from .distributed import broadcast_object
 from .recorder import monitored_value
 
 # %% ../nbs/08a_early_stopping.ipynb #fbd34679
@@ -55,7 +54,7 @@ class EarlyStopping(Callback):
                 self.best_weights = {k: v.detach().clone() for k, v in learn.model.state_dict().items()}
         else: self.wait += 1
         stop = self.wait >= self.patience
-        if learn.distributed: stop = broadcast_object(stop)  # rank 0's decision: every rank stops at this evaluation
+        stop = learn.strategy.broadcast_object(stop)  # rank 0's decision: every rank stops at this evaluation
         if stop:
             raise CancelFitException(f'early stopping: {self.monitor} has not improved for {self.wait} evaluations '
                                      f'(best {self.best:.4g} at step {self.best_step})')

@@ -10,7 +10,7 @@ PACKAGE = ROOT / 'nbtrainer'
 BOTTOM, MIDDLE, TOP = 0, 1, 2
 LAYERS = {
     'callback': BOTTOM, 'checks': BOTTOM, 'data': BOTTOM, 'rng': BOTTOM, 'metrics': BOTTOM, 'layers': BOTTOM,
-    'precision': MIDDLE, 'recorder': MIDDLE, 'core': MIDDLE,
+    'precision': MIDDLE, 'recorder': MIDDLE, 'parts': MIDDLE, 'core': MIDDLE,
     'progress': TOP, 'plotting': TOP, 'checkpoint': TOP, 'loggers': TOP, 'evaluate': TOP, 'diagnose': TOP,
     'schedule': TOP, 'lr_finder': TOP, 'liveplot': TOP, 'distributed': TOP, 'control': TOP, 'dashboard': TOP,
     'demo': TOP, 'testing': TOP, 'early_stopping': TOP, 'track': TOP,
@@ -83,3 +83,46 @@ def test_bottom_and_middle_import_no_ui_even_lazily():
         if LAYERS[m] == TOP: continue
         source = (PACKAGE / f'{m}.py').read_text()
         assert not [u for u in UI if f'import {u}' in source or f'from {u}' in source], m
+
+
+# State has owners: the loop's state lives in parts (nbs/00f_parts.ipynb) that the core owns. Other modules change it
+# through a part (`learn.progress.step`, `learn.window.step_examples`, ...) or through these public setters, which the
+# docs name as what callbacks may change: the batch under way (nbs/00_core.ipynb, "What callbacks can read"), the lr and
+# the loaders. `controls` is the running fit's Controls, which nbtrainer.control registers for the dashboard.
+PUBLIC_SETTERS = {'lr', 'train_dl', 'valid_dl', 'batch', 'xb', 'yb', 'pred', 'loss', 'loss_grad', 'controls'}
+OWNERS = {'core', 'parts'}
+
+
+def learner_writes(name):
+    "(attribute, line) for each assignment to `learn.X` or `self.learn.X` in module `name`."
+    tree = ast.parse((PACKAGE / f'{name}.py').read_text())
+    def is_learner(node):
+        return (isinstance(node, ast.Name) and node.id == 'learn') or (
+            isinstance(node, ast.Attribute) and node.attr == 'learn' and isinstance(node.value, ast.Name) and node.value.id == 'self')
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for t in targets:
+            for leaf in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                if isinstance(leaf, ast.Attribute) and is_learner(leaf.value): found.append((leaf.attr, leaf.lineno))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == 'setattr' and node.args \
+                and is_learner(node.args[0]):
+            found.append(('setattr', node.lineno))
+    return found
+
+
+def test_no_module_writes_learner_attributes_it_does_not_own():
+    writes = {m: [(a, line) for a, line in learner_writes(m) if a not in PUBLIC_SETTERS]
+              for m in modules() if m not in OWNERS}
+    writes = {m: w for m, w in writes.items() if w}
+    assert not writes, f'modules write Learner attributes instead of going through a part or a public setter: {writes}'
+
+
+def test_the_learner_is_made_of_parts_with_state_dicts():
+    import nbtrainer  # noqa: F401 (the features attach themselves)
+    from nbtrainer.testing import synth_learner
+    learn = synth_learner()
+    learn.fit(1)
+    for name, part in learn.parts().items():
+        assert callable(part.state_dict) and callable(part.load_state_dict), name
+    assert len(vars(learn)) <= 48, sorted(vars(learn))  # 75 before the loop's state moved into parts
