@@ -198,13 +198,14 @@ class TensorBoardLogger(Callback):
         logged = self._logged if self._logged is not None else len(batches['loss'])
         last_train = batches['step'][logged - 1] + 1 if logged else 0
         # one past the last event the checkpoint knows of: its last train window, and its last evaluation
-        return {'run_dir': str(self.run_dir), 'logged': logged,
+        return {'run': self.run_dir.name, 'logged': logged,  # its name in log_dir: the run's folder may be copied or moved
                 'purge_steps': {'train': last_train + 1, 'valid': history[-1]['step'] + 1 if history else 0}}
 
     def load_state_dict(self, state):
         if not state: return
         self._close()
-        self.run_dir, self._purge_steps = Path(state['run_dir']), dict(state['purge_steps'])
+        self.run_dir = self.log_dir / Path(state.get('run') or state['run_dir']).name  # in this logger's folder, always
+        self._purge_steps = dict(state['purge_steps'])
         self._logged = state['logged']  # batches of the restored Recorder already written
 
 def _metrics(row):

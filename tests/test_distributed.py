@@ -301,7 +301,7 @@ def test_only_rank_0_writes_files(tmp_path):
     written = {p.relative_to(tmp_path / 'rank0').parts[0] for p in (tmp_path / 'rank0').rglob('*') if p.is_file()}
     assert written == {'log.csv', 'tb', 'live.png', 'preds.pt'}
     kept = sorted(p.name for p in (tmp_path / 'ckpt').iterdir())
-    assert 'epoch-2.pt' in kept and not [n for n in kept if n.startswith('.')]  # rank 0's checkpoints, no leftovers
+    assert 'epoch-2.pt' in kept and not [n for n in kept if n.startswith('.') and n != '.lock']  # rank 0's checkpoints, no leftovers
     (cbs0, step0, acc0), (cbs1, step1, acc1) = per_rank
     assert step0 == step1 == 15 and acc0 == acc1  # the same decisions and the same global metrics
     assert {'CSVLogger', 'LivePlot', 'ProgressCallback', 'TensorBoardLogger'} <= set(cbs0)
@@ -505,7 +505,7 @@ def test_the_same_script_under_torchrun_and_plain_python(tmp_path):
     subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node=2',  # picks a free port
                     worker[0], str(tmp_path / 'two'), *worker[1:]], check=True, timeout=180, env=env)
     one, two = (torch.load(tmp_path / d / 'final.pt', weights_only=True) for d in ('one', 'two'))
-    assert one['step'] == two['step'] == 12  # 44 examples: global batches 8, 8, 8, 8, 8, 4 per epoch
+    assert one['progress']['step'] == two['progress']['step'] == 12  # 44 examples: global batches 8, 8, 8, 8, 8, 4 per epoch
     assert max((one['model'][k] - two['model'][k]).abs().max().item() for k in one['model']) < 1e-6
 
 
