@@ -36,7 +36,7 @@ def patch_to(cls, as_prop=False):
     return attach
 
 # %% ../nbs/00_core.ipynb #4aeee923
-RESERVED_COLUMNS = ('epoch', 'batch', 'step', 'lr', 'loss', 'train_loss', 'valid_loss', 'grad_norm', 'time')
+RESERVED_COLUMNS = ('epoch', 'batch', 'step', 'lr', 'loss', 'train_loss', 'valid_loss', 'grad_norm', 'skipped_steps', 'time')
 REGRESSION_LOSSES = (F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss)
 
 def _distributed_run():
@@ -91,7 +91,10 @@ class Learner:
         self.strategy = Learner.distributed_factory(sync_bn) if distributed else SingleProcess()
         # the strategy wraps the model and shards the loader before anything else sees them
         self.model, train_dl = self.strategy.prepare(model.to(self.device), self.device, train_dl)
-        if compile: self.model = torch.compile(self.model)
+        if not isinstance(compile, (bool, dict)):
+            raise TypeError(f"compile must be True, False or a dict of torch.compile's options (e.g. {{'mode': 'max-autotune'}}), "
+                            f'got {compile!r}')
+        if compile: self.model = torch.compile(self.model, **(compile if isinstance(compile, dict) else {}))
         self.data_pass, self.valid_dl, self.clip_grad_norm = TrainPass(train_dl), valid_dl, clip_grad_norm
         self.loss_func, self.opt_func = loss_func, opt_func
         self.metrics = self._make_metrics(self._default_metrics() if metrics is None else metrics)
@@ -145,6 +148,11 @@ class Learner:
     def train_dl(self, dl): self.data_pass = TrainPass(dl)
 
     def train_end_step(self): return self.progress.train_end_step()
+
+    @property
+    def skipped_steps(self):
+        "Optimizer steps the fp16 scaler skipped (`learn.step` counts attempts): one read of a device counter."
+        return self.precision.skipped_steps()
 
     def _default_metrics(self):
         "Accuracy for a classification loss; none for a regression loss, which accuracy would only misdescribe."
@@ -221,7 +229,9 @@ class Learner:
         if not any(p.requires_grad for p in params):
             raise ValueError('the model has no trainable parameters (none, or all have requires_grad=False): '
                              'there is nothing to train')
-        self.opt = self.opt_func(params, lr=self._lr)
+        fused = self.device.type == 'cuda' and self.opt_func in (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)
+        # on CUDA the default optimizers step in one fused kernel, which takes fp16's found_inf on the device: no sync
+        self.opt = self.opt_func(params, lr=self._lr, **({'fused': True} if fused else {}))
 
     @property
     def lr(self):
@@ -282,8 +292,8 @@ class Learner:
         self.precision.scale(self.loss_grad).backward()
 
     def opt_step(self):
-        "Step the optimizer; a step the fp16 scaler skips (inf or NaN gradients) is cancelled, and not counted."
-        if not self.precision.step(self.opt): raise CancelStepException()
+        "Step the optimizer (through the fp16 scaler, which skips a step whose gradients hold inf or NaN)."
+        self.precision.step(self.opt)
 
     def zero_grad(self): self.opt.zero_grad()
 

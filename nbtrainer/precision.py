@@ -22,6 +22,7 @@ class MixedPrecision:
             raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', got {precision!r}")
         self.name, self.dtype, self.device_type = precision, self.dtypes[precision], torch.device(device).type
         self.scaler = torch.amp.GradScaler(self.device_type) if precision == 'fp16' else None
+        self.skipped = torch.zeros((), dtype=torch.int64, device=device) if self.scaler is not None else None
         self._unscaled = False  # this step's gradients were divided by the scale already
 
     def __repr__(self): return f'MixedPrecision({self.name!r})'
@@ -42,15 +43,17 @@ class MixedPrecision:
             self._unscaled = True
 
     def step(self, opt):
-        "Step `opt`; False when the fp16 scaler skipped the step because of inf or NaN gradients."
-        if self.scaler is None:
-            opt.step()
-            return True
-        scale = self.scaler.get_scale()
+        "Step `opt`; with fp16 a step the scaler skips (inf or NaN gradients) is counted in `skipped`, on the device."
+        if self.scaler is None: return opt.step()
+        before = self.scaler._scale.clone()  # the scale, on the device: get_scale() would read it back, a sync
         self.scaler.step(opt)
         self.scaler.update()
         self._unscaled = False
-        return self.scaler.get_scale() >= scale  # it backs off only after skipping a step
+        self.skipped += self.scaler._scale < before  # it backs off exactly when it skipped the step
+
+    def skipped_steps(self):
+        "Optimizer steps the fp16 scaler skipped (one read of a device counter: call it at evaluations, not per step)."
+        return 0 if self.skipped is None else int(self.skipped)
 
     def end_step(self):
         "After a step that a callback cancelled once the gradients were unscaled: close it, so the next step starts clean."
@@ -58,8 +61,10 @@ class MixedPrecision:
             self.scaler.update()
             self._unscaled = False
 
-    def state_dict(self): return {} if self.scaler is None else {'scaler': self.scaler.state_dict()}
+    def state_dict(self):
+        return {} if self.scaler is None else {'scaler': self.scaler.state_dict(), 'skipped': self.skipped.clone()}
 
     def load_state_dict(self, state):
         "Put back a scaler's state; a checkpoint from another precision leaves this one as it is (the weights are fp32 either way)."
         if self.scaler is not None and state.get('scaler'): self.scaler.load_state_dict(state['scaler'])
+        if self.scaler is not None and 'skipped' in state: self.skipped.copy_(state['skipped'])

@@ -8,7 +8,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/recorder.html.md"""
 __all__ = ['Column', 'smoothing_beta', 'smooth', 'Recorder', 'monitored_value', 'SkipNonFinite']
 
 # %% ../nbs/00d_recorder.ipynb #64391e35
-import math, time
+import array, math, time
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,13 +22,13 @@ class Column(Sequence):
     "A list-like column of numbers: an array of restored rows (a view, converted when read), then the rows appended since."
     def __init__(self, restored=None, integer=False):
         self.restored, self.integer = (np.zeros(0) if restored is None else restored), integer
-        self.appended = []
+        self.appended = array.array('q' if integer else 'd')  # 8 bytes a value, not a Python object each
 
     def _values(self, array): return (array.astype(np.int64) if self.integer else array).tolist()
     def __len__(self): return len(self.restored) + len(self.appended)
     def append(self, value): self.appended.append(value)
     def extend(self, values): self.appended.extend(values)
-    def tolist(self): return self._values(self.restored) + self.appended
+    def tolist(self): return self._values(self.restored) + self.appended.tolist()
     def __iter__(self): return iter(self.tolist())
     def __eq__(self, other): return isinstance(other, Sequence) and len(self) == len(other) and self.tolist() == list(other)
     def __repr__(self): return f'Column({self.tolist()!r})' if len(self) <= 10 else f'Column(<{len(self)} values>)'
@@ -39,7 +39,7 @@ class Column(Sequence):
             start, stop, step = i.indices(len(self))
             if step != 1: return self.tolist()[i]
             head = self._values(self.restored[start:min(stop, n)]) if start < n else []
-            return head + self.appended[max(start - n, 0):max(stop - n, 0)]
+            return head + self.appended[max(start - n, 0):max(stop - n, 0)].tolist()
         if i < 0: i += len(self)
         if not 0 <= i < n: return self.appended[i - n]
         return int(self.restored[i]) if self.integer else self.restored[i].item()
@@ -47,7 +47,7 @@ class Column(Sequence):
     def truncate(self, n):
         "Keep the first `n` values."
         k = len(self.restored)
-        if n <= k: self.restored, self.appended = self.restored[:n], []
+        if n <= k: self.restored, self.appended = self.restored[:n], array.array(self.appended.typecode)
         else: del self.appended[n - k:]
 
 # %% ../nbs/00d_recorder.ipynb #ba463557
@@ -76,7 +76,7 @@ class Recorder(Callback):
         self.smoothing = beta  # None: β follows each fit's length
         self.beta = beta if beta is not None else smoothing_beta(0)  # the β in use
         self.train_metrics = list(train_metrics)
-        self.history, self.batches = [], {c: Column() for c in self.columns}
+        self.history, self.batches = [], {c: Column(integer=c in ('epoch', 'batch', 'step')) for c in self.columns}
         self._smooth = (0.0, 0.0)
         self._queue, self.since_row = [], [0.0, 0]  # since_row: the training loss's sum and examples since the last row
         self.nonfinite = None  # under DDP, the non-finite loss error a rank found, until all ranks stop together
@@ -88,7 +88,8 @@ class Recorder(Callback):
 
     def after_loss(self):
         learn = self.learn
-        self._queue.append((learn.loss.detach(), learn.bs, learn.epoch, learn.iter, learn.step, learn.opt.param_groups[0]['lr']))
+        progress = learn.progress
+        self._queue.append((learn.loss.detach(), learn.bs, progress.epoch, learn.iter, progress.step, learn.opt.param_groups[0]['lr']))
         if len(self._queue) >= self.flush_every: self.flush()
         for m in self.train_metrics:  # on the device, like validation metrics: no sync
             if learn.weights is None: m.update(learn.pred, learn.yb)
@@ -106,10 +107,16 @@ class Recorder(Callback):
             queue = [(q[0], n, *q[2:]) for q, n in zip(queue, sizes)]
         bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
         _, self._smooth = smooth(values[:bad], self.beta, self._smooth)
-        for value, (_, n, epoch, batch, step, lr) in zip(values[:bad], queue):
-            self.since_row[0] += value * n
-            self.since_row[1] += n
-            for column, v in zip(self.columns, (epoch, batch, step, lr, value)): self.batches[column].append(v)
+        good, values_ok = queue[:bad], values[:bad]
+        if good:  # whole columns at once: no per-batch Python work beyond the sum
+            total, count = self.since_row
+            for value, q in zip(values_ok, good):
+                total += value * q[1]
+                count += q[1]
+            self.since_row = [total, count]
+            _, _, epochs, batches, steps, lrs = zip(*good)
+            for column, values_of in zip(self.columns, (epochs, batches, steps, lrs, values_ok)):
+                self.batches[column].extend(values_of)
         if bad is not None:
             _, _, epoch, _, step, _ = queue[bad]
             error = NonFiniteLossError(f'the training loss became {values[bad]} at epoch {epoch}, step {step}: '
@@ -140,6 +147,7 @@ class Recorder(Callback):
         row = {'epoch': learn.epoch, 'step': learn.step, 'train_loss': total / n if n else math.nan, **train,
                **learn.metric_values, 'lr': learn.opt.param_groups[0]['lr']}
         if learn.grad_norm is not None: row['grad_norm'] = float(learn.grad_norm)  # clipping's, read once per row
+        if learn.precision.scaler is not None: row['skipped_steps'] = learn.skipped_steps  # fp16's, read once per row
         row['time'] = time.perf_counter() - self._start
         self.history.append(row)
         return row

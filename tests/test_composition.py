@@ -52,13 +52,10 @@ def reference(precision, accumulate):
                 correct += (pred.argmax(1) == y).sum().item()
                 (scaler.scale(loss) if scaler else loss).backward()
             if scaler:
-                scale = scaler.get_scale()
                 scaler.step(opt)
                 scaler.update()
-                steps += scaler.get_scale() >= scale  # a step the scaler skipped is not one
-            else:
-                opt.step()
-                steps += 1
+            else: opt.step()
+            steps += 1  # steps attempted, as torch's recipe counts them for its scheduler (skipped ones too)
             opt.zero_grad()
         accuracy.append(correct / cw.N_TRAIN)
     return model.state_dict(), steps, scaler.get_scale() if scaler else None, accuracy
