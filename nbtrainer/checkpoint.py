@@ -164,7 +164,7 @@ def _append_batch_rows(recorder, file):
     if check and not np.array_equal(_read_rows(file, check - 1, 1), recorder.batch_rows(check - 1, check)): check = 0
     known = _side_crcs.get(file)
     if known is not None and known[0] == check: crc = known[1]
-    else: crc = zlib.crc32(_read_rows(file, 0, check).tobytes()) if check else 0
+    else: crc = zlib.crc32(_read_rows(file, 0, check)) if check else 0
     new = recorder.batch_rows(check, n)
     with open(file, 'r+b' if file.exists() else 'wb') as f:
         f.truncate(check * ROW_BYTES)  # rows past n belong to a future a resume abandoned
@@ -172,7 +172,7 @@ def _append_batch_rows(recorder, file):
         new.tofile(f)
         f.flush()
         os.fsync(f.fileno())
-    crc = zlib.crc32(new.tobytes(), crc)
+    crc = zlib.crc32(np.ascontiguousarray(new), crc)
     _side_crcs[file] = (n, crc)
     return {'file': file.name, 'rows': n, 'crc32': crc, 'last': recorder.batch_rows(n - 1, n)[0].tolist() if n else []}
 
@@ -184,7 +184,7 @@ def _batch_rows(state, path):
     file = Path(path).parent / rows['file']  # beside the checkpoint: the folder may have been copied or moved
     found = _read_rows(file, 0, rows['rows']) if file.exists() else np.zeros((0, ROW_WIDTH))
     intact = len(found) == rows['rows'] and (not rows['rows'] or found[-1].tolist() == rows['last'])
-    if intact and 'crc32' in rows: intact = zlib.crc32(found.tobytes()) == rows['crc32']
+    if intact and 'crc32' in rows: intact = zlib.crc32(found) == rows['crc32']
     if intact: return found
     step = state.get('progress', {}).get('step', state.get('step'))
     warnings.warn(f'the per-batch history of {path} ({rows["rows"]} rows in {file}) is missing or damaged: the weights, '
