@@ -2,7 +2,7 @@
 
 A Learner's Recorder keeps one row per training batch (epoch, batch, step, lr, loss). This fills it with N rows (and a
 history row every 1000 batches), then measures, for the files a `Checkpointer` writes (the rows in the folder's
-append-only side file) and for a self-contained `learn.save(path)`:
+append-only side file) and for `learn.save(path)` (its rows in `batches-<run id>.f64` beside it):
   - the checkpoint file's size;
   - the time of a save after 100 more batches (a Checkpointer's steady state: only those rows are appended);
   - the time to load it into a fresh Learner, rows included.
@@ -49,7 +49,7 @@ def measure(n, side_file, repeats=5):
     folder = Path(tempfile.mkdtemp())
     learn = learner()
     fill(learn, n)
-    batches_file = folder / 'batches.f64' if side_file else None
+    batches_file = folder / 'batches.f64' if side_file else None  # None: learn.save's own, beside the file
     learn.save(folder / 'first.pt', batches_file=batches_file)  # a side file starts with every row once
     saves, loads = [], []
     for r in range(repeats):
@@ -70,7 +70,7 @@ def main():
     parser.add_argument('--sizes', type=int, nargs='+', default=[10_000, 100_000, 1_000_000])
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f'{"batches":>10} | {"Checkpointer (side file)":^33} | {"learn.save(path) (one file)":^33}')
+    print(f'{"batches":>10} | {"Checkpointer (side file)":^33} | {"learn.save(path) (own side file)":^33}')
     print(f'{"":>10} | {"size":>9} {"save":>11} {"load":>11} | {"size":>9} {"save":>11} {"load":>11}')
     for n in args.sizes:
         figures = [measure(n, side) for side in (True, False)]

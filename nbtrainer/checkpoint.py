@@ -195,12 +195,15 @@ def _batch_rows(state, path):
 # %% ../nbs/08_checkpoint.ipynb #963cf29f
 @patch_to(Learner)
 def save(learn, path, batches_file=None):
-    "Write the whole training state to `path`, atomically; returns the path. Under DDP every rank calls it; rank 0 writes."
+    """Write the whole training state to `path`, atomically; returns the path. The per-batch rows go to `batches_file`,
+    by default `batches-<run id>.f64` beside it, appended to: a save costs the same at step 1,000 and at 1,000,000.
+    Under DDP every rank calls it; rank 0 writes."""
     learn.strategy.before_save(learn)  # DDP: the statistics every rank must agree on (collectives, so every rank calls)
     if not learn.main_process: return Path(path)
     callbacks = {key: cb.state_dict() for key, cb in _callback_keys(learn).items()}
-    rows = (_append_batch_rows(learn.recorder, Path(batches_file)) if batches_file is not None
-            else {'rows': torch.from_numpy(learn.recorder.batch_rows())})  # one self-contained file
+    if batches_file is None: batches_file = Path(path).parent / f'batches-{learn.progress.run_id}.f64'
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    rows = _append_batch_rows(learn.recorder, Path(batches_file))
     state = {'format': FORMAT, 'config': run_config(learn), 'model': plain_state_dict(learn.model.state_dict()),
              'optimizer': learn.opt.state_dict(), 'lr': learn.lr,
              **{name: part.state_dict() for name, part in learn.parts().items()},
