@@ -12,7 +12,7 @@ __version__ = "0.0.1"
 
 from .callback import (EVENTS, Callback, CancelBackwardException, CancelBatchException, CancelEpochException,
                                 CancelFitException, CancelStepException, CancelTrainException, CancelValidateException,
-                                FunctionCallback, NonFiniteLossError, Order)
+                                FunctionCallback, NonFiniteLossError, Order, PreemptedException)
 from .data import (batch_size, default_device, eval_loader, examples_digest, rebatch, skip_batches, subset_loader,
                             to_device)
 from .rng import preserve_rng, rng_state, set_rng_state
@@ -26,6 +26,7 @@ from .core import Learner, patch_to
 from .progress import ProgressCallback
 from .plotting import plot_history
 from .checkpoint import Checkpointer, config_changes, plain_state_dict, read_checkpoint, run_config
+from .preemption import Preemption
 from .early_stopping import EarlyStopping
 from .loggers import CSVLogger, TensorBoardLogger
 from .evaluate import Evaluation, Report, SavePredictions
@@ -45,7 +46,7 @@ __all__ = ['Accumulation', 'Accuracy', 'CSVLogger', 'Callback', 'CancelBackwardE
            'DataWaitWarning', 'DevicePrefetcher', 'EVENTS', 'EarlyStopping', 'Evaluation', 'F1',
            'FitProgress', 'FunctionCallback', 'FunctionMetric', 'GhostBatchNorm', 'LRFinder', 'LRFinderResult', 'Learner',
            'LivePlot', 'Loss', 'MCC', 'MLflowLogger', 'Mean', 'Metric', 'MixedPrecision',
-           'NonFiniteLossError', 'Order', 'ParamScheduler', 'Perplexity', 'Precision', 'ProgressCallback',
+           'NonFiniteLossError', 'Order', 'ParamScheduler', 'Preemption', 'PreemptedException', 'Perplexity', 'Precision', 'ProgressCallback',
            'Recall', 'Recorder', 'Report', 'Run', 'Runs', 'SavePredictions', 'Schedule', 'Segment',
            'SingleProcess', 'SkipNonFinite', 'TensorBoardLogger', 'TrainPass', 'TopKAccuracy', 'Tracker', 'batch_size', 'config_changes', 'default_device',
            'eval_loader', 'examples_digest', 'get_metric', 'init_distributed', 'is_main_process', 'launch', 'monitored_value',

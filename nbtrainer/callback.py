@@ -7,8 +7,8 @@ Docs: https://nbtrainer.github.io/nbtrainer/callback.html.md"""
 # %% auto #0
 __all__ = ['CANCEL_EXCEPTIONS', 'SCOPES', 'EVENTS', 'BATCH_EVENTS', 'CancelFitException', 'CancelEpochException',
            'CancelTrainException', 'CancelValidateException', 'CancelBatchException', 'CancelStepException',
-           'CancelBackwardException', 'NonFiniteLossError', 'Order', 'Callback', 'FunctionCallback', 'as_callback',
-           'dispatch_tables', 'add_note']
+           'CancelBackwardException', 'PreemptedException', 'NonFiniteLossError', 'Order', 'Callback',
+           'FunctionCallback', 'as_callback', 'dispatch_tables', 'add_note']
 
 # %% ../nbs/00a_callback.ipynb #098e3d06
 class CancelFitException(Exception):      "Skip the rest of `fit`; the message, if any, says why (it shows where the fit's ending is reported)."
@@ -18,6 +18,9 @@ class CancelValidateException(Exception): "Skip the rest of this validation."
 class CancelBatchException(Exception):    "Skip the rest of this batch."
 class CancelStepException(Exception):     "Skip this optimizer step."
 class CancelBackwardException(Exception): "Skip this backward pass."
+
+class PreemptedException(CancelFitException):
+    "End `fit` because the process is being preempted (SIGTERM, SIGUSR1): the fit's outcome is 'preempted'."
 
 class NonFiniteLossError(FloatingPointError):
     "The training loss became NaN or infinite; raised after the fit has ended cleanly."

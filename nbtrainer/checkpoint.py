@@ -199,6 +199,7 @@ def save(learn, path, batches_file=None):
     by default `batches-<run id>.f64` beside it, appended to: a save costs the same at step 1,000 and at 1,000,000.
     Under DDP every rank calls it; rank 0 writes."""
     learn.strategy.before_save(learn)  # DDP: the statistics every rank must agree on (collectives, so every rank calls)
+    passes = learn.strategy.gather_object(learn.data_pass.state_dict())  # each rank's random streams (dropout differs)
     if not learn.main_process: return Path(path)
     callbacks = {key: cb.state_dict() for key, cb in _callback_keys(learn).items()}
     if batches_file is None: batches_file = Path(path).parent / f'batches-{learn.progress.run_id}.f64'
@@ -206,7 +207,8 @@ def save(learn, path, batches_file=None):
     rows = _append_batch_rows(learn.recorder, Path(batches_file))
     state = {'format': FORMAT, 'config': run_config(learn), 'model': plain_state_dict(learn.model.state_dict()),
              'optimizer': learn.opt.state_dict(), 'lr': learn.lr,
-             **{name: part.state_dict() for name, part in learn.parts().items()},
+             **{name: part.state_dict() for name, part in learn.parts().items() if name != 'pass'},
+             'pass': passes[0], **({'pass_by_rank': passes} if len(passes) > 1 else {}),
              'batches': rows, 'callbacks': {k: v for k, v in callbacks.items() if v}}
     _atomic_save(state, path)
     return Path(path)
@@ -299,6 +301,8 @@ def load(learn, path, weights_only=False, check_data=True, allow_changes=None, s
     _load_model(learn.model, state['model'])
     learn.opt.load_state_dict(state['optimizer'])
     learn.lr = state['lr']
+    by_rank = state.get('pass_by_rank')
+    if by_rank is not None and len(by_rank) == learn.strategy.world: state['pass'] = by_rank[learn.strategy.rank]
     for name, part in learn.parts().items():
         if name in state: part.load_state_dict(state[name])
     for key, cb_state in state['callbacks'].items():
@@ -389,11 +393,15 @@ class Checkpointer(Callback):
     def _keep_last(self, name):
         self.last = ([n for n in self.last if n != name] + [name])[-self.keep_last:] if self.keep_last else []
 
-    def after_batch(self):
+    def after_batch(self):  # at a window's end only: a checkpoint inside one would lose its micro-batches' gradients
+        if self.every_steps and not self.learn.accumulating and self.learn.step % self.every_steps == 0: self.save_step()
+
+    def save_step(self):
+        "Save `step-<N>.pt` now (once per step), kept by the keep-last rule: at a step boundary, so it resumes exactly."
         learn = self.learn
-        if self.every_steps and learn.step % self.every_steps == 0 and learn.step != getattr(self, '_saved_step', None):
-            self._saved_step = learn.step
-            self._save(f'step-{learn.step}.pt', self._keep_last)
+        if learn.step == getattr(self, '_saved_step', None): return
+        self._saved_step = learn.step
+        self._save(f'step-{learn.step}.pt', self._keep_last)
 
     def after_epoch(self):
         if self.every_epoch and self.learn.progress.epoch_done: self._save(f'epoch-{self.learn.epoch}.pt', self._keep_last)

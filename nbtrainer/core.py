@@ -17,7 +17,7 @@ from torch.utils.data import Dataset, IterableDataset
 
 from .callback import (CANCEL_EXCEPTIONS, CancelBackwardException, CancelBatchException, CancelEpochException,
                                 CancelFitException, CancelStepException, CancelTrainException, CancelValidateException,
-                                add_note, as_callback, dispatch_tables)
+                                PreemptedException, add_note, as_callback, dispatch_tables)
 from .checks import hyperparameter
 from .data import batch_size, loader_length, resolve_device, subset_loader, to_device
 from .metrics import Mean, as_float, example_losses, get_metric, metric_name
@@ -73,11 +73,12 @@ class Learner:
     # Set by feature modules when imported (`import nbtrainer` imports them all), so core never imports them:
     display_factory = None      # nbtrainer.progress: dashboard (bool) -> the callback that shows progress
     distributed_factory = None  # nbtrainer.distributed: sync_bn (bool) -> the DDP strategy (a callback too)
+    preemption_factory = None   # nbtrainer.preemption: () -> the callback that turns SIGTERM into a checkpointed stop
 
     def __init__(self, model, train_dl, valid_dl=None, loss_func=F.cross_entropy, opt_func=torch.optim.AdamW,
                  lr=1e-3, metrics=None, cbs=(), device=None, progress=True, skip_nonfinite=False,
                  precision='fp32', accumulate=1, clip_grad_norm=None, compile=False, dashboard=True, distributed=None,
-                 sync_bn=False, train_metrics=()):
+                 sync_bn=False, train_metrics=(), preemption=True):
         for name, dl in (('train_dl', train_dl), ('valid_dl', valid_dl)):
             if isinstance(dl, Dataset) and not isinstance(dl, IterableDataset):
                 raise TypeError(f'{name} is a Dataset, which gives one example at a time, not a loader of batches: '
@@ -117,6 +118,7 @@ class Learner:
         defaults = [self.recorder] + ([self.strategy] if self.strategy.distributed else [])
         if progress: defaults.append(Learner.display_factory(dashboard))
         if skip_nonfinite: defaults.append(SkipNonFinite())
+        if preemption and Learner.preemption_factory is not None: defaults.append(Learner.preemption_factory())
         self.add_cbs(defaults + list(cbs))
 
     # ---- the parts, and the names callbacks have always read through the Learner ----
@@ -443,7 +445,8 @@ class Learner:
                 if self.eval_prefix: self._evaluate(self.valid_dl, '')  # the full validation set, once, at the end
                 self.fit_outcome = 'finished'
             except CancelFitException as e:
-                self.fit_outcome, self.fit_exception = 'stopped', e
+                self.fit_outcome = 'preempted' if isinstance(e, PreemptedException) else 'stopped'
+                self.fit_exception = e
                 self('after_cancel_fit')
         except BaseException as e:  # an interrupt or an error: clean up, then raise it again
             self.fit_outcome = 'interrupted' if isinstance(e, KeyboardInterrupt) else 'failed'

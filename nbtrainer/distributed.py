@@ -256,7 +256,22 @@ class DistributedTrainer(SingleProcess, Callback):
     # ---- the strategy's collectives ----
     def barrier(self): barrier()
     def broadcast_object(self, obj): return broadcast_object(obj)
+
+    def gather_object(self, obj):
+        "Every rank's `obj`, in rank order, on every rank (pickled: for per-rank state at checkpoints)."
+        everyone = [None] * self.world
+        dist.all_gather_object(everyone, obj)
+        return everyone
     def request_stop(self): self.stop_requested = True  # read at the next check, from any thread
+
+    @property
+    def agree_every(self): return self.check_every
+
+    def any_rank(self, flag):
+        "True on every rank if `flag` is True on any: one all-reduce and one read, so callers ask every `agree_every` steps."
+        flags = torch.tensor([bool(flag)], dtype=torch.int32, device=self.learn.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return bool(flags.item())
 
     def before_save(self, learn):
         "Before a checkpoint, on every rank: the model every rank holds, and rank 0 holding the global sums since the last row."

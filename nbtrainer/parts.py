@@ -153,6 +153,7 @@ class Accumulation:
 class SingleProcess:
     "One process: rank 0 of 1, and every collective a no-op, so calling code never asks whether it is distributed."
     distributed, rank, world, main_process = False, 0, 1, True
+    agree_every = 1  # any_rank's cost: every step here; DDP asks every `check_every` steps (a collective and a read)
 
     def prepare(self, model, device, train_dl): return model, train_dl  # DDP wraps the model and shards the loader
     def mask_padding(self, learn, weights): return weights  # DDP: the repeated example gets weight 0
@@ -161,6 +162,8 @@ class SingleProcess:
     def before_save(self, learn): pass  # DDP: the statistics every rank must agree on before a checkpoint
     def barrier(self): pass
     def broadcast_object(self, obj): return obj
+    def gather_object(self, obj): return [obj]  # DDP: every rank's, in rank order, on every rank
     def request_stop(self): raise CancelFitException()  # DDP: every rank stops at the same batch, soon
+    def any_rank(self, flag): return bool(flag)  # DDP: True on every rank if it is True on one
     def state_dict(self): return {'world': self.world}
     def load_state_dict(self, state): pass

@@ -41,7 +41,7 @@ def describe_ending(learn, seconds=None):
     planned = f' of {learn.fit_start[1] + learn.n_steps}' if learn.n_steps else ''
     took = f', {seconds:.1f} s' if seconds is not None else ''
     why = ''
-    if outcome == 'stopped': why = str(error or '')  # the reason the stop gave, if any
+    if outcome in ('stopped', 'preempted'): why = str(error or '')  # the reason the stop gave, if any
     elif outcome == 'failed':
         notes = getattr(error, '__notes__', None)  # where it was raised, as the Learner notes it
         why = f'{type(error).__name__}: {error}' + (f' ({notes[0]})' if notes else '')

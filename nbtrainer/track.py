@@ -198,7 +198,7 @@ class _Heartbeat(threading.Thread):
 def _json(value):
     return json.dumps(value, default=lambda v: v.item() if torch.is_tensor(v) and v.numel() == 1 else str(v))
 
-_STATUS = {'finished': 'finished', 'stopped': 'stopped', 'interrupted': 'stopped', 'failed': 'failed'}
+_STATUS = {'finished': 'finished', 'stopped': 'stopped', 'preempted': 'preempted', 'interrupted': 'stopped', 'failed': 'failed'}
 
 class Tracker(Callback):
     "Record each fit as a run in the SQLite database `db`: config, status, history, best `monitor` value and how to reproduce it."
@@ -271,7 +271,7 @@ class Tracker(Callback):
             if not self._open: return
             learn, error = self.learn, self.learn.fit_exception
             status = _STATUS.get(learn.fit_outcome, 'failed')
-            message = None if error is None else (str(error) if status == 'stopped' and not isinstance(error, KeyboardInterrupt)
+            message = None if error is None else (str(error) if status in ('stopped', 'preempted') and not isinstance(error, KeyboardInterrupt)
                                                   else f'{type(error).__name__}: {error}'.rstrip(': '))
             now = time.time()
             with transaction(self._con) as con:
@@ -375,7 +375,8 @@ def runs(db='runs/experiments.db', study=None, stale_after=None):
     return _read(db, *(('WHERE study = ?', (study,)) if study is not None else ()), stale_after=stale_after)
 
 # %% ../nbs/18_track.ipynb #b09721dc
-_STATUS_COLORS = {'running': '#1f77b4', 'finished': '#2ca02c', 'stopped': '#ff7f0e', 'failed': '#d62728', 'died': '#7f7f7f'}
+_STATUS_COLORS = {'running': '#1f77b4', 'finished': '#2ca02c', 'stopped': '#ff7f0e', 'preempted': '#9467bd', 'failed': '#d62728',
+                  'died': '#7f7f7f'}
 
 class Runs(list):
     "A list of `Run`s that shows as a table (HTML in Jupyter, text elsewhere), plots their curves and picks the best."
@@ -531,7 +532,7 @@ def _loss_windows(batches, start, every, final):
         start = stop
     return out, start
 
-_MLFLOW_STATUS = {'finished': 'FINISHED', 'stopped': 'FINISHED', 'interrupted': 'KILLED', 'failed': 'FAILED'}
+_MLFLOW_STATUS = {'finished': 'FINISHED', 'stopped': 'FINISHED', 'preempted': 'KILLED', 'interrupted': 'KILLED', 'failed': 'FAILED'}
 
 class MLflowLogger(Callback):
     "Log a fit as an MLflow run: params, each evaluation's metrics, the training loss every `log_every` steps, tags and the final checkpoint."
