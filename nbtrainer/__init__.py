@@ -27,6 +27,7 @@ from .progress import ProgressCallback
 from .plotting import plot_history
 from .checkpoint import Checkpointer, config_changes, plain_state_dict, read_checkpoint, run_config
 from .preemption import Preemption
+from .fork import ForkPoints
 from .early_stopping import EarlyStopping
 from .loggers import CSVLogger, TensorBoardLogger
 from .evaluate import Evaluation, Report, SavePredictions
@@ -44,7 +45,7 @@ __all__ = ['Accumulation', 'Accuracy', 'CSVLogger', 'Callback', 'CancelBackwardE
            'CancelEpochException', 'CancelFitException', 'CancelStepException', 'CancelTrainException',
            'CancelValidateException', 'Checkpointer', 'ConfusionMatrix', 'Controls', 'Dashboard', 'DataWait',
            'DataWaitWarning', 'DevicePrefetcher', 'EVENTS', 'EarlyStopping', 'Evaluation', 'F1',
-           'FitProgress', 'FunctionCallback', 'FunctionMetric', 'GhostBatchNorm', 'LRFinder', 'LRFinderResult', 'Learner',
+           'FitProgress', 'ForkPoints', 'FunctionCallback', 'FunctionMetric', 'GhostBatchNorm', 'LRFinder', 'LRFinderResult', 'Learner',
            'LivePlot', 'Loss', 'MCC', 'MLflowLogger', 'Mean', 'Metric', 'MixedPrecision',
            'NonFiniteLossError', 'Order', 'ParamScheduler', 'Preemption', 'PreemptedException', 'Perplexity', 'Precision', 'ProgressCallback',
            'Recall', 'Recorder', 'Report', 'Run', 'Runs', 'SavePredictions', 'Schedule', 'Segment',

@@ -31,7 +31,7 @@ CANCEL_EXCEPTIONS = (CancelFitException, CancelEpochException, CancelTrainExcept
 SCOPES = ('fit', 'epoch', 'train', 'validate', 'batch', 'backward', 'step')
 EVENTS = ('before_fit', 'before_epoch', 'before_train', 'before_batch', 'after_pred', 'after_loss',
           'before_backward', 'after_backward', 'before_step', 'after_step', 'after_batch',
-          'after_train', 'before_validate', 'after_validate', 'after_eval', 'after_epoch', 'after_fit',
+          'after_train', 'before_validate', 'after_validate', 'after_eval', 'after_epoch', 'after_fit', 'after_fork',
           *(f'after_cancel_{s}' for s in SCOPES))
 
 # the events fired for every batch, in training and in validation: a callback can listen to them in one phase only

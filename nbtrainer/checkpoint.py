@@ -6,7 +6,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/checkpoint.html.md"""
 
 # %% auto #0
 __all__ = ['FORMAT', 'ROW_WIDTH', 'ROW_BYTES', 'CONFIG_PARTS', 'plain_state_dict', 'run_config', 'config_changes',
-           'read_checkpoint', 'Checkpointer']
+           'read_checkpoint', 'training_state', 'load_training_state', 'Checkpointer']
 
 # %% ../nbs/08_checkpoint.ipynb #51cc03d5
 import fcntl, hashlib, math, os, socket, warnings, weakref, zipfile, zlib
@@ -198,20 +198,25 @@ def save(learn, path, batches_file=None):
     """Write the whole training state to `path`, atomically; returns the path. The per-batch rows go to `batches_file`,
     by default `batches-<run id>.f64` beside it, appended to: a save costs the same at step 1,000 and at 1,000,000.
     Under DDP every rank calls it; rank 0 writes."""
-    learn.strategy.before_save(learn)  # DDP: the statistics every rank must agree on (collectives, so every rank calls)
-    passes = learn.strategy.gather_object(learn.data_pass.state_dict())  # each rank's random streams (dropout differs)
-    if not learn.main_process: return Path(path)
-    callbacks = {key: cb.state_dict() for key, cb in _callback_keys(learn).items()}
+    state = training_state(learn)  # every rank takes part: the strategy's collectives
+    if state is None: return Path(path)  # not the main process
     if batches_file is None: batches_file = Path(path).parent / f'batches-{learn.progress.run_id}.f64'
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    rows = _append_batch_rows(learn.recorder, Path(batches_file))
-    state = {'format': FORMAT, 'config': run_config(learn), 'model': plain_state_dict(learn.model.state_dict()),
-             'optimizer': learn.opt.state_dict(), 'lr': learn.lr,
-             **{name: part.state_dict() for name, part in learn.parts().items() if name != 'pass'},
-             'pass': passes[0], **({'pass_by_rank': passes} if len(passes) > 1 else {}),
-             'batches': rows, 'callbacks': {k: v for k, v in callbacks.items() if v}}
+    state['batches'] = _append_batch_rows(learn.recorder, Path(batches_file))
     _atomic_save(state, path)
     return Path(path)
+
+def training_state(learn):
+    "Everything a checkpoint holds but the per-batch rows, as references (None on a rank other than the main one)."
+    learn.strategy.before_save(learn)  # DDP: the statistics every rank must agree on (collectives, so every rank calls)
+    passes = learn.strategy.gather_object(learn.data_pass.state_dict())  # each rank's random streams (dropout differs)
+    if not learn.main_process: return None
+    callbacks = {key: cb.state_dict() for key, cb in _callback_keys(learn).items()}
+    return {'format': FORMAT, 'config': run_config(learn), 'model': plain_state_dict(learn.model.state_dict()),
+            'optimizer': learn.opt.state_dict(), 'lr': learn.lr,
+            **{name: part.state_dict() for name, part in learn.parts().items() if name != 'pass'},
+            'pass': passes[0], **({'pass_by_rank': passes} if len(passes) > 1 else {}),
+            'batches': None, 'callbacks': {k: v for k, v in callbacks.items() if v}}
 
 # %% ../nbs/08_checkpoint.ipynb #32409803
 def _check_model(model, state, path):
@@ -282,6 +287,11 @@ def load(learn, path, weights_only=False, check_data=True, allow_changes=None, s
         _load_model(learn.model, state['model'])
         return state
     if 'optimizer' not in state: raise ValueError(f'{path} holds weights only; use learn.load(path, weights_only=True)')
+    return load_training_state(learn, state, path, check_data, allow_changes, strict, lr_given)
+
+def load_training_state(learn, state, path, check_data=True, allow_changes=None, strict=False, lr_given=False):
+    "Put back a state from `training_state` or a checkpoint file (`path` names it in messages), checked before any change."
+    _check_model(learn.model, state['model'], path)
     state = _upgrade(state)
     keys = _callback_keys(learn)
     missing_cbs = [k for k in state['callbacks'] if k not in keys]
@@ -330,14 +340,15 @@ class Checkpointer(Callback):
     LOCK = '.lock'  # held by the process that writes the folder
 
     def __init__(self, folder=None, every_steps=None, every_epoch=True, keep_last=2, monitor='valid_loss', mode='min',
-                 keep_best=1):
+                 keep_best=1, every_eval=False, keep_evals=None):
         if mode not in ('min', 'max'): raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
         self.every_steps = _count('every_steps', every_steps, 1)
         self.keep_last, self.keep_best = _count('keep_last', keep_last, 0), _count('keep_best', keep_best, 0)
+        self.every_eval, self.keep_evals = bool(every_eval), _count('keep_evals', keep_evals, 1)
         if not isinstance(monitor, str): raise ValueError(f'monitor must be the name of a history column, got {monitor!r}')
         self._folder = None if folder is None else Path(folder)
         self.every_epoch, self.monitor, self.mode = bool(every_epoch), monitor, mode
-        self.last, self.kept_best = [], []  # [name]; [(score, name, row)], best first: names of files in the folder
+        self.last, self.kept_best, self.evals = [], [], []  # [name]; [(score, name, row)], best first; [name]: in the folder
         self._lock = None
 
     @property
@@ -380,7 +391,7 @@ class Checkpointer(Callback):
         if self._lock is not None: self._lock.close()  # closing releases the lock
         self._lock = None
 
-    def _files(self): return set(self.last) | {b[1] for b in self.kept_best}
+    def _files(self): return set(self.last) | {b[1] for b in self.kept_best} | set(self.evals)
 
     def _save(self, name, keep):
         "Record what is kept with the new file (`keep(name)`) before saving it, so its own state lists it; then remove what it displaced."
@@ -406,8 +417,13 @@ class Checkpointer(Callback):
     def after_epoch(self):
         if self.every_epoch and self.learn.progress.epoch_done: self._save(f'epoch-{self.learn.epoch}.pt', self._keep_last)
 
+    def _keep_eval(self, name):
+        kept = [n for n in self.evals if n != name] + [name]
+        self.evals = kept[-self.keep_evals:] if self.keep_evals else kept
+
     def after_eval(self):
         learn = self.learn
+        if self.every_eval: self._save(f'eval-{learn.step}.pt', self._keep_eval)  # fork points on disk (learn.fork)
         if not self.keep_best: return
         row, value = learn.eval_row, monitored_value(learn.eval_row, self.monitor)
         if value is None:
@@ -452,11 +468,17 @@ class Checkpointer(Callback):
                 'best': [(s, str(self._path(n)), r) for s, n, r in kept['best'] if intact(n)]}
 
     def state_dict(self):
-        return {'last': list(self.last), 'best': [[s, n, dict(r)] for s, n, r in self.kept_best]}
+        return {'last': list(self.last), 'best': [[s, n, dict(r)] for s, n, r in self.kept_best], 'evals': list(self.evals)}
 
     def load_state_dict(self, state):
         self.last = [Path(p).name for p in state['last']]
         self.kept_best = [(s, Path(n).name, r) for s, n, r in state['best']]
+        self.evals = list(state.get('evals', ()))
+
+    def at_step(self, step):
+        "The intact checkpoints this callback kept that were taken after the evaluation at `step`, newest kind first."
+        names = [f'eval-{step}.pt', f'best-{step}.pt']
+        return [self._path(n) for n in names if self._path(n).exists() and _readable(self._path(n))]
 
 # %% ../nbs/08_checkpoint.ipynb #2fe7cabc
 def _checkpointer(learn):

@@ -74,11 +74,12 @@ class Learner:
     display_factory = None      # nbtrainer.progress: dashboard (bool) -> the callback that shows progress
     distributed_factory = None  # nbtrainer.distributed: sync_bn (bool) -> the DDP strategy (a callback too)
     preemption_factory = None   # nbtrainer.preemption: () -> the callback that turns SIGTERM into a checkpointed stop
+    fork_points_factory = None  # nbtrainer.fork: n -> the callback that keeps the last n evaluations' states
 
     def __init__(self, model, train_dl, valid_dl=None, loss_func=F.cross_entropy, opt_func=torch.optim.AdamW,
                  lr=1e-3, metrics=None, cbs=(), device=None, progress=True, skip_nonfinite=False,
                  precision='fp32', accumulate=1, clip_grad_norm=None, compile=False, dashboard=True, distributed=None,
-                 sync_bn=False, train_metrics=(), preemption=True):
+                 sync_bn=False, train_metrics=(), preemption=True, fork_points=0):
         for name, dl in (('train_dl', train_dl), ('valid_dl', valid_dl)):
             if isinstance(dl, Dataset) and not isinstance(dl, IterableDataset):
                 raise TypeError(f'{name} is a Dataset, which gives one example at a time, not a loader of batches: '
@@ -119,6 +120,7 @@ class Learner:
         if progress: defaults.append(Learner.display_factory(dashboard))
         if skip_nonfinite: defaults.append(SkipNonFinite())
         if preemption and Learner.preemption_factory is not None: defaults.append(Learner.preemption_factory())
+        if fork_points: defaults.append(Learner.fork_points_factory(fork_points))
         self.add_cbs(defaults + list(cbs))
 
     # ---- the parts, and the names callbacks have always read through the Learner ----

@@ -22,14 +22,20 @@ class FitProgress:
     "Where training is: epoch and optimizer step over the Learner's life, where the fit started, and the fit's plan."
     def __init__(self):
         self.run_id = uuid.uuid4().hex[:12]  # a run's identity: a checkpoint records it, a resume continues it
+        self.parent, self.continuing = None, False  # a forked run's parent {'run': id, 'step': step}
         self.epoch = self.step = self.last_eval_step = 0
         self.fit_start, self.epoch_done = (0, 0), False
         self.n_epochs = self.n_steps = self.eval_every = self.steps_per_epoch = None
         self.end_epoch = self.end_step = math.inf
 
     def start_fit(self):
-        "A fit starts here: the steps and epochs it plans count from now."
-        self.fit_start, self.last_eval_step = (self.epoch, self.step), self.step
+        "A fit starts here: the steps and epochs it plans count from now (after a fork: from the forked fit's start)."
+        if self.continuing: self.continuing = False  # the fit a fork continues keeps its start, as a resume does
+        else: self.fit_start, self.last_eval_step = (self.epoch, self.step), self.step
+
+    def branch(self, step):
+        "This run becomes a branch of itself at `step` (a fork): a new run id, its parent recorded; the next fit continues."
+        self.parent, self.run_id, self.continuing = {'run': self.run_id, 'step': step}, uuid.uuid4().hex[:12], True
 
     def plan(self, epochs=None, steps=None, steps_per_epoch=None, eval_every=None, steps_per_pass=None):
         "The fit's plan; `steps_per_pass`: optimizer steps in one pass over the loader (None if it cannot tell)."
@@ -53,13 +59,13 @@ class FitProgress:
         return bool(self.eval_every) and self.step % self.eval_every == 0 and self.step != self.last_eval_step
 
     def state_dict(self):
-        return {'run': self.run_id, 'epoch': self.epoch + self.epoch_done, 'step': self.step, 'fit_start': list(self.fit_start),
-                'last_eval_step': self.last_eval_step}
+        return {'run': self.run_id, 'parent': self.parent, 'epoch': self.epoch + self.epoch_done, 'step': self.step,
+                'fit_start': list(self.fit_start), 'last_eval_step': self.last_eval_step}
 
     def load_state_dict(self, state):
         self.epoch, self.step, self.last_eval_step = state['epoch'], state['step'], state['last_eval_step']
         self.fit_start, self.epoch_done = tuple(state['fit_start']), False
-        self.run_id = state.get('run', self.run_id)
+        self.run_id, self.parent = state.get('run', self.run_id), state.get('parent')
 
 # %% ../nbs/00f_parts.ipynb #45715eec
 class TrainPass:

@@ -25,7 +25,7 @@ from .rng import loader_generators
 
 # %% ../nbs/18_track.ipynb #5953773b
 APPLICATION_ID = 0x6E627472  # 'nbtr' in SQLite's header: this file is an nbtrainer experiment database
-SCHEMA_VERSION = 1           # PRAGMA user_version: raised by any change to the tables below
+SCHEMA_VERSION = 2           # PRAGMA user_version: raised by any change to the tables below (2: runs.parent)
 BUSY_TIMEOUT = 60.0          # seconds a writer waits for another process's transaction
 
 _TABLES = ('''CREATE TABLE runs (
@@ -33,7 +33,7 @@ _TABLES = ('''CREATE TABLE runs (
     started REAL NOT NULL, ended REAL, heartbeat REAL NOT NULL, beat_every REAL NOT NULL,
     host TEXT, command TEXT, git_commit TEXT, git_dirty INTEGER, config TEXT NOT NULL,
     monitor TEXT, mode TEXT, best_value REAL, best_step INTEGER, final TEXT,
-    notes TEXT NOT NULL DEFAULT '', tags TEXT NOT NULL DEFAULT '[]', resumes INTEGER NOT NULL DEFAULT 0)''',
+    notes TEXT NOT NULL DEFAULT '', tags TEXT NOT NULL DEFAULT '[]', resumes INTEGER NOT NULL DEFAULT 0, parent TEXT)''',
     'CREATE INDEX runs_by_study ON runs (study, id)',
     '''CREATE TABLE evals (run INTEGER NOT NULL, seq INTEGER NOT NULL, step INTEGER, row TEXT NOT NULL,
     PRIMARY KEY (run, seq)) WITHOUT ROWID''')
@@ -85,6 +85,7 @@ def connect(db, create=False):
             if version > SCHEMA_VERSION:
                 raise ValueError(f'{path} has schema version {version}, newer than this nbtrainer reads '
                                  f'({SCHEMA_VERSION}): upgrade nbtrainer')
+            if version == 1: _upgrade_to_2(con)
             con.execute('PRAGMA synchronous = NORMAL')  # in WAL mode: durable across a killed process, no fsync per commit
     except BaseException:
         con.close()
@@ -200,6 +201,13 @@ def _json(value):
 
 _STATUS = {'finished': 'finished', 'stopped': 'stopped', 'preempted': 'preempted', 'interrupted': 'stopped', 'failed': 'failed'}
 
+def _upgrade_to_2(con):
+    "Schema 1 -> 2: runs get a `parent` (a forked run's {'run': id, 'step': step}); a no-op if another process did it."
+    with transaction(con):
+        if _header(con)[1] != 1: return
+        con.execute('ALTER TABLE runs ADD COLUMN parent TEXT')
+        con.execute('PRAGMA user_version = 2')
+
 class Tracker(Callback):
     "Record each fit as a run in the SQLite database `db`: config, status, history, best `monitor` value and how to reproduce it."
     order = Order.WRITE
@@ -211,7 +219,7 @@ class Tracker(Callback):
         self.db, self.study, self.notes, self.monitor, self.mode = Path(db), study, str(notes), monitor, mode
         self.config = dict(config or {})
         self.run_id = None  # the run of the current (or last) fit
-        self._con = self._heartbeat = self._resume = None
+        self._con = self._heartbeat = self._resume = self._parent = None
         self._open = False  # between before_fit and after_fit
 
     def before_fit(self):
@@ -230,9 +238,11 @@ class Tracker(Callback):
         with transaction(self._con) as con:
             self.run_id = con.execute(
                 'INSERT INTO runs (study, status, started, heartbeat, beat_every, host, command, git_commit, git_dirty, '
-                'config, monitor, mode, notes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+                'config, monitor, mode, notes, parent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
                 (self.study, 'running', now, now, self.beat_every, socket.gethostname(), reproduce_command(), commit,
-                 None if dirty is None else int(dirty), _json(config), self.monitor, self.mode, self.notes)).lastrowid
+                 None if dirty is None else int(dirty), _json(config), self.monitor, self.mode, self.notes,
+                 None if self._parent is None else _json(self._parent))).lastrowid
+        self._parent = None
         self._rows, self._best = 0, (None, None)
 
     def _reopen(self, state):
@@ -294,6 +304,11 @@ class Tracker(Callback):
     def load_state_dict(self, state):
         if state: self._resume = dict(state)
 
+    def after_fork(self):
+        "The Learner was forked: its next fit is a new run whose parent is the run of the fork point, at its step."
+        resume, self._resume = self._resume, None
+        if resume is not None: self._parent = {'run': resume['run'], 'step': self.learn.progress.parent['step']}
+
 # %% ../nbs/18_track.ipynb #43203296
 def _fmt(v):
     if v is None: return ''
@@ -319,6 +334,7 @@ class Run:
         self.best = {'value': row['best_value'], 'step': row['best_step']}
         self.final = json.loads(row['final']) if row['final'] else None
         self.notes, self.tags = row['notes'], json.loads(row['tags'])
+        self.parent = json.loads(row['parent']) if row['parent'] else None  # a fork's {'run': id, 'step': step}
         limit = stale_after if stale_after is not None else DIED_AFTER_BEATS * row['beat_every']
         self.status = 'died' if row['status'] == 'running' and now - row['heartbeat'] > limit else row['status']
 
@@ -395,16 +411,31 @@ class Runs(list):
         monitors = {r.monitor for r in self}
         one_monitor = len(monitors) == 1
         config = self.varying()[:max_config]
-        columns = ['id', *(['study'] if any(r.study for r in self) else []), 'status', 'started', 'time',
-                   f'best {next(iter(monitors))}' if one_monitor else 'best', 'at step', *config, 'notes']
+        forked = any(r.parent for r in self)
+        columns = ['id', *(['study'] if any(r.study for r in self) else []), *(['forked from'] if forked else []), 'status',
+                   'started', 'time', f'best {next(iter(monitors))}' if one_monitor else 'best', 'at step', *config, 'notes']
         rows = []
         for r in self:
             best = _fmt(r.best['value']) if one_monitor or r.best['value'] is None else f"{r.monitor} {_fmt(r.best['value'])}"
             notes = ' '.join([r.notes, *(f'#{t}' for t in r.tags)]).strip()
-            rows.append([str(r.id), *([r.study or ''] if 'study' in columns else []), r.status,
+            origin = f"run {r.parent['run']} at step {r.parent['step']}" if r.parent else ''
+            rows.append([str(r.id), *([r.study or ''] if 'study' in columns else []), *([origin] if forked else []), r.status,
                          time.strftime('%Y-%m-%d %H:%M', time.localtime(r.started)), _duration(r.duration),
                          best, _fmt(r.best['step']), *(_fmt(r.config.get(k)) for k in config), notes])
         return columns, rows
+
+    def tree(self):
+        "The runs as a tree of forks, one line each: a branch under the run it was forked from, with the step."
+        ids, children = {r.id for r in self}, {}
+        for r in self: children.setdefault(r.parent['run'] if r.parent and r.parent['run'] in ids else None, []).append(r)
+        def lines(run, prefix, last):
+            here = f"run {run.id} ({run.status}, best {_fmt(run.best['value'])})" + (
+                f" forked at step {run.parent['step']}" if run.parent else '')
+            out = [prefix + ('└─ ' if last else '├─ ') + here if prefix or run.parent else here]
+            kids = sorted(children.get(run.id, []), key=lambda k: k.id)
+            for i, kid in enumerate(kids): out += lines(kid, prefix + ('   ' if last else '│  '), i == len(kids) - 1)
+            return out
+        return '\n'.join(line for root in sorted(children.get(None, []), key=lambda r: r.id) for line in lines(root, '', True))
 
     def __repr__(self):
         if not self: return 'no runs'
@@ -518,6 +549,7 @@ def main(argv=None):
     try: found = runs(args.db, study=args.study, stale_after=args.stale_after)
     except (OSError, ValueError) as e: parser.exit(2, f'nbtrainer-runs: error: {e}\n')
     print(found)
+    if any(r.parent for r in found): print('\nforks:\n' + found.tree())
 
 # %% ../nbs/18_track.ipynb #bdb1c2cb
 def _loss_windows(batches, start, every, final):
@@ -634,3 +666,8 @@ class MLflowLogger(Callback):
 
     def load_state_dict(self, state):
         if state: self._resume = dict(state)
+
+    def after_fork(self):
+        "The Learner was forked: its next fit is a new run whose parent is the run of the fork point, at its step."
+        resume, self._resume = self._resume, None
+        if resume is not None: self._parent = {'run': resume['run'], 'step': self.learn.progress.parent['step']}
