@@ -493,14 +493,16 @@ class Runs(list):
         return pd.DataFrame(records, columns=None if records else ['id']).set_index('id')
 
     def plot(self, metric='valid_loss', path=None):
-        "Overlay the runs' `metric` curves (history rows against optimizer steps) on one figure; save a PNG to `path` if given."
+        "Overlay the runs' `metric` curves (history rows against steps; a fork's branch from its fork point); save a PNG to `path` if given."
         from matplotlib.figure import Figure  # a bare Figure needs no GUI backend
         show_figures_inline()
         histories, config = self.histories(), self.varying()
         fig = Figure(figsize=(8, 4))
         ax = fig.add_subplot()
-        drawn = 0
+        drawn, by_id = 0, {r.id: h for r, h in zip(self, histories)}
         for r, history in zip(self, histories):
+            if r.parent and r.parent['run'] in by_id:  # a branch starts from its parent's row at the fork
+                history = [row for row in by_id[r.parent['run']] if row['step'] == r.parent['step']][-1:] + history
             points = [(row['step'], v) for row in history
                       if (v := monitored_value(row, metric)) is not None and isinstance(v, (int, float)) and math.isfinite(v)]
             if not points: continue
