@@ -43,7 +43,8 @@ Learner.fork_points_factory = ForkPoints  # Learner(fork_points=N) adds ForkPoin
 def _fork_state(learn, step):
     "The state after the evaluation at `step`: kept in memory by ForkPoints, or on disk by a Checkpointer."
     for cb in learn.cbs:
-        if isinstance(cb, ForkPoints) and step in cb.points: return copy.deepcopy(cb.points[step]), f'the fork point at step {step}'
+        if isinstance(cb, ForkPoints) and step in cb.points:
+            return copy.deepcopy(cb.points[step]), f'the fork point at step {step}'
     for cb in learn.cbs:
         for path in (cb.at_step(step) if getattr(cb, 'keeps_checkpoints', False) else ()):
             return read_checkpoint(path, learn.device), path
@@ -54,7 +55,8 @@ def _fork_state(learn, step):
 @patch_to(Learner)
 def fork(learn, step):
     "Put the Learner back exactly as after the evaluation at `step`; the next fit continues from there as a branch."
-    if learn.fitting: raise RuntimeError('a fit is running on this Learner: stop it before forking it (learn.controls.stop())')
+    if learn.fitting:
+        raise RuntimeError('a fit is running on this Learner: stop it before forking it (learn.controls.stop())')
     if not isinstance(step, int) or isinstance(step, bool): raise TypeError(f'step must be an int, got {step!r}')
     state, source = _fork_state(learn, step)
     load_training_state(learn, state, source, allow_changes=True)  # a fork is this run: whatever was changed since

@@ -34,7 +34,7 @@ class FitProgress:
         else: self.fit_start, self.last_eval_step = (self.epoch, self.step), self.step
 
     def branch(self, step):
-        "This run becomes a branch of itself at `step` (a fork): a new run id, its parent recorded; the next fit continues."
+        "This run becomes a branch of itself at `step` (a fork): a new run id and its parent; the next fit continues."
         self.parent, self.run_id, self.continuing = {'run': self.run_id, 'step': step}, uuid.uuid4().hex[:12], True
 
     def plan(self, epochs=None, steps=None, steps_per_epoch=None, eval_every=None, steps_per_pass=None):
@@ -50,7 +50,7 @@ class FitProgress:
     def next_epoch(self): self.epoch, self.epoch_done = self.epoch + 1, False
 
     def train_end_step(self):
-        "The step this training phase ends at: the fit's last or, with `steps_per_epoch`, this epoch's (`inf`: the loader's end)."
+        "The step this training phase ends at: the fit's last or, with `steps_per_epoch`, this epoch's (inf: none)."
         if not self.steps_per_epoch: return self.end_step
         return min(self.end_step, self.fit_start[1] + (self.epoch - self.fit_start[0] + 1) * self.steps_per_epoch)
 
@@ -69,7 +69,7 @@ class FitProgress:
 
 # %% ../nbs/00f_parts.ipynb #45715eec
 class TrainPass:
-    "The pass over the training loader under way: its batches, how many are done, the random state that fixed its order."
+    "The pass over the training loader under way: its batches, how many are done, the random state that fixed them."
     def __init__(self, dl):
         self.dl, self.batches, self.batches_done, self.under_way = dl, None, 0, False
         self.start_state = self.resume_at = self.held_rng = None
@@ -105,7 +105,7 @@ class TrainPass:
 
 # %% ../nbs/00f_parts.ipynb #eeee0bd4
 class Accumulation:
-    "The accumulation window: `n` micro-batches per optimizer step, this batch's place in it, the examples the step averages over."
+    "The accumulation window: `n` micro-batches a step, this batch's place in it, the examples the step averages over."
     def __init__(self, n=1):
         if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
             raise ValueError(f'accumulate must be an int >= 1, got {n!r}')
@@ -119,7 +119,7 @@ class Accumulation:
         self.step_examples = self.batch_examples = self.examples_seen = None
 
     def plan_batch(self, bs, i, n_batches, planned_examples):
-        "Before a training batch `i` of `bs` examples: does it end its window; at a window's start, the step's examples."
+        "Before training batch `i` of `bs` examples: does it end its window; at a window's start, the step's examples."
         if self.left == 0:  # this batch starts a window
             n = self.n if n_batches is None else min(self.n, n_batches - i)
             self.left, self.index, self.size = n, 0, n

@@ -15,7 +15,7 @@ from .core import Learner
 
 # %% ../nbs/08b_preemption.ipynb #acfb60a3
 class Preemption(Callback):
-    "SIGTERM/SIGUSR1 during a fit: finish the step, checkpoint it, end the fit as 'preempted', then exit with 128 + signal."
+    "SIGTERM/SIGUSR1 during a fit: finish the step, checkpoint it, end the fit as 'preempted', exit with 128 + signal."
     order = Order.CONTROL + 50  # after every other callback has seen the step, the Checkpointer's save included
     run_valid = False
     signals = tuple(getattr(signal, name) for name in ('SIGTERM', 'SIGUSR1') if hasattr(signal, name))
@@ -33,7 +33,7 @@ class Preemption(Callback):
     def after_batch(self):
         learn = self.learn
         if self.received is None and learn.strategy.world == 1: return  # the common case: one test per batch
-        if learn.accumulating or learn.step % learn.strategy.agree_every: return  # between windows, and DDP: agreed steps
+        if learn.accumulating or learn.step % learn.strategy.agree_every: return  # between windows; DDP: agreed steps
         if not learn.strategy.any_rank(self.received is not None): return
         for cb in learn.cbs:
             if getattr(cb, 'keeps_checkpoints', False): cb.save_step()
