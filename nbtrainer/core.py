@@ -117,8 +117,8 @@ class Learner:
         self._events = self._tables[False]
         self.recorder = Recorder(train_metrics=self._make_metrics(train_metrics, prefix='train_'))
         defaults = [self.recorder] + ([self.strategy] if self.strategy.distributed else [])
-        if preemption and Learner.preemption_factory is not None: defaults.append(Learner.preemption_factory())
         if progress: defaults.append(Learner.display_factory(dashboard))
+        if preemption and Learner.preemption_factory is not None: defaults.append(Learner.preemption_factory())
         if skip_nonfinite: defaults.append(SkipNonFinite())
         if fork_points: defaults.append(Learner.fork_points_factory(fork_points))
         self.add_cbs(defaults + list(cbs))
