@@ -25,7 +25,7 @@ from .rng import loader_generators
 
 # %% ../nbs/18_track.ipynb #5953773b
 APPLICATION_ID = 0x6E627472  # 'nbtr' in SQLite's header: this file is an nbtrainer experiment database
-SCHEMA_VERSION = 2           # PRAGMA user_version: raised by any change to the tables below (2: runs.parent)
+SCHEMA_VERSION = 2           # PRAGMA user_version: raised by any change to the tables below (2: runs.parent, checkpoints)
 BUSY_TIMEOUT = 60.0          # seconds a writer waits for another process's transaction
 
 _TABLES = ('''CREATE TABLE runs (
@@ -33,7 +33,8 @@ _TABLES = ('''CREATE TABLE runs (
     started REAL NOT NULL, ended REAL, heartbeat REAL NOT NULL, beat_every REAL NOT NULL,
     host TEXT, command TEXT, git_commit TEXT, git_dirty INTEGER, config TEXT NOT NULL,
     monitor TEXT, mode TEXT, best_value REAL, best_step INTEGER, final TEXT,
-    notes TEXT NOT NULL DEFAULT '', tags TEXT NOT NULL DEFAULT '[]', resumes INTEGER NOT NULL DEFAULT 0, parent TEXT)''',
+    notes TEXT NOT NULL DEFAULT '', tags TEXT NOT NULL DEFAULT '[]', resumes INTEGER NOT NULL DEFAULT 0, parent TEXT,
+    checkpoints TEXT)''',
     'CREATE INDEX runs_by_study ON runs (study, id)',
     '''CREATE TABLE evals (run INTEGER NOT NULL, seq INTEGER NOT NULL, step INTEGER, row TEXT NOT NULL,
     PRIMARY KEY (run, seq)) WITHOUT ROWID''')
@@ -201,11 +202,17 @@ def _json(value):
 
 _STATUS = {'finished': 'finished', 'stopped': 'stopped', 'preempted': 'preempted', 'interrupted': 'stopped', 'failed': 'failed'}
 
+def _checkpoint_folder(learn):
+    "The folder the Learner's Checkpointer writes, as an absolute path (for `Run.fork` in another process), or None."
+    folders = [cb.folder for cb in learn.cbs if getattr(cb, 'keeps_checkpoints', False)]
+    return str(Path(folders[0]).resolve()) if folders else None
+
 def _upgrade_to_2(con):
-    "Schema 1 -> 2: runs get a `parent` (a forked run's {'run': id, 'step': step}); a no-op if another process did it."
+    "Schema 1 -> 2: runs get a `parent` (a fork's {'run': id, 'step': step}) and their `checkpoints` folder; once."
     with transaction(con):
         if _header(con)[1] != 1: return
         con.execute('ALTER TABLE runs ADD COLUMN parent TEXT')
+        con.execute('ALTER TABLE runs ADD COLUMN checkpoints TEXT')
         con.execute('PRAGMA user_version = 2')
 
 class Tracker(Callback):
@@ -238,10 +245,10 @@ class Tracker(Callback):
         with transaction(self._con) as con:
             self.run_id = con.execute(
                 'INSERT INTO runs (study, status, started, heartbeat, beat_every, host, command, git_commit, git_dirty, '
-                'config, monitor, mode, notes, parent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+                'config, monitor, mode, notes, parent, checkpoints) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
                 (self.study, 'running', now, now, self.beat_every, socket.gethostname(), reproduce_command(), commit,
                  None if dirty is None else int(dirty), _json(config), self.monitor, self.mode, self.notes,
-                 None if self._parent is None else _json(self._parent))).lastrowid
+                 None if self._parent is None else _json(self._parent), _checkpoint_folder(learn))).lastrowid
         self._parent = None
         self._rows, self._best = 0, (None, None)
 
@@ -335,6 +342,7 @@ class Run:
         self.final = json.loads(row['final']) if row['final'] else None
         self.notes, self.tags = row['notes'], json.loads(row['tags'])
         self.parent = json.loads(row['parent']) if row['parent'] else None  # a fork's {'run': id, 'step': step}
+        self.checkpoints = row['checkpoints']  # its Checkpointer's folder, if it had one
         limit = stale_after if stale_after is not None else DIED_AFTER_BEATS * row['beat_every']
         self.status = 'died' if row['status'] == 'running' and now - row['heartbeat'] > limit else row['status']
 
@@ -373,6 +381,17 @@ class Run:
     def plot(self, metric='valid_loss', path=None):
         "The run's `metric` curve (see `Runs.plot`)."
         return Runs([self]).plot(metric, path)
+
+    def fork(self, step, build):
+        "The Learner `build()` makes, put back as this run was after its evaluation at `step`, from its checkpoints."
+        from nbtrainer.checkpoint import Checkpointer
+        learn = build()
+        if not any(getattr(cb, 'keeps_checkpoints', False) for cb in learn.cbs):
+            if self.checkpoints is None:
+                raise ValueError(f'run {self.id} recorded no checkpoint folder: give the Learner that build() makes a '
+                                 'Checkpointer(folder, every_eval=True) on the folder that holds its eval-<step>.pt files')
+            learn.add_cbs([Checkpointer(self.checkpoints, every_eval=True)])
+        return learn.fork(step)
 
     def __repr__(self):
         return f'Run({self.id}, study={self.study!r}, status={self.status!r}, best={self.best})'
