@@ -12,10 +12,8 @@ def final(folder):
     return torch.load(folder / 'final.pt', weights_only=True)
 
 
-def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
-    subprocess.run(WORKER + [str(tmp_path / 'straight')], check=True, timeout=300)
-
-    folder = tmp_path / 'killed'
+def kill_mid_run(folder):
+    "Start a slow run in `folder` and SIGKILL it somewhere mid-epoch, between checkpoints; returns when it started."
     started = time.time()
     proc = subprocess.Popen(WORKER + [str(folder), '--slow'])
     deadline = time.time() + 120
@@ -24,6 +22,14 @@ def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
     time.sleep(0.37)  # somewhere mid-epoch, between checkpoints
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL
+    return started
+
+
+def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
+    subprocess.run(WORKER + [str(tmp_path / 'straight')], check=True, timeout=300)
+
+    folder = tmp_path / 'killed'
+    started = kill_mid_run(folder)
     assert not (folder / 'final.pt').exists()
     saved = sorted(int(p.stem.split('-')[1]) for p in (folder / 'checkpoints').glob('step-*.pt'))
     assert saved and saved[-1] < 52  # 13 batches per epoch, 4 epochs: it really was cut short
@@ -69,14 +75,7 @@ def test_a_run_folder_can_be_copied_corrupted_and_moved(tmp_path):
     import shutil
     subprocess.run(WORKER + [str(tmp_path / 'straight')], check=True, timeout=300)
     folder = tmp_path / 'killed'
-    started = time.time()
-    proc = subprocess.Popen(WORKER + [str(folder), '--slow'])
-    deadline = time.time() + 120
-    while time.time() < deadline and len(list((folder / 'checkpoints').glob('step-*.pt'))) < 2:
-        time.sleep(0.05)
-    time.sleep(0.37)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait(timeout=30) == -signal.SIGKILL
+    started = kill_mid_run(folder)
     copy = tmp_path / 'elsewhere' / 'copy'
     shutil.copytree(folder, copy)
     newest = max((copy / 'checkpoints').glob('step-*.pt'), key=lambda p: int(p.stem.split('-')[1]))
