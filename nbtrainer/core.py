@@ -566,8 +566,9 @@ class Learner:
         for k, v in saved['learner'].items(): setattr(self, k, v)
         self.status.clear()
         self.status.update(saved['status'])
-        for name, part in self.parts().items():
-            if name in saved['parts']: vars(part).clear(), vars(part).update(saved['parts'][name])
+        for name, state in saved['parts'].items():  # in memory, by attribute: a pass under way keeps its iterator
+            vars(self.parts()[name]).clear()
+            vars(self.parts()[name]).update(state)
         self._rebuild_dispatch()
         self.model.load_state_dict(saved['model'])
         for p, g in zip(self.model.parameters(), saved['grads']): p.grad = g
