@@ -158,7 +158,7 @@ class Dashboard(Callback):
             self.save_button.on_click(lambda _: self.controls.save())
             self.lr_button.on_click(self._on_lr)
             self.lr_box.observe(self._on_lr, names='value')  # Enter (or leaving the field) applies it
-            controls.listeners.append(self._show_status)  # feedback while the loop is held, too
+            controls.listeners.append(self._on_request)  # feedback while the loop is held, too
         self.image = W.Image(format='png', layout=W.Layout(display='none'))  # no slot until the first frame
         self._row_widgets, self._keys = [], None
         self.header = W.HTML(layout=W.Layout(**_ROW))
@@ -206,6 +206,11 @@ class Dashboard(Callback):
         lr = '' if 'lr' in learn.status else f' · lr {learn.opt.param_groups[0]["lr"]:.3g}'
         extras = ''.join(f' · {k} {v}' for k, v in learn.status.items())
         self.status.value = f'step {learn.step}{planned}{lr}{extras}'
+
+    def _on_request(self):
+        "A request carried out: the status line says so; a pause or a resume redraws the figure where the fit stands."
+        self._show_status()
+        if self.plot is not None and self.controls.log[-1][1] in ('pause', 'resume'): self.plot.render()
 
     # ---- button handlers: main thread, they only set flags and touch their own button ----
     def _on_stop(self, _):
@@ -255,8 +260,8 @@ class Dashboard(Callback):
             self._run('after_fit')
             self._show_status()
         finally:  # whatever ended the fit, every view gives way to a static summary
-            if self.controls is not None and self._show_status in self.controls.listeners:
-                self.controls.listeners.remove(self._show_status)
+            if self.controls is not None and self._on_request in self.controls.listeners:
+                self.controls.listeners.remove(self._on_request)
             self.summary = describe_ending(learn, time.perf_counter() - self._start)
             self.static = self._static()
             self._end_views()
