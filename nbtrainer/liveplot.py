@@ -175,11 +175,19 @@ class LivePlot(Callback):
         "Keep an axis's range while the data fits in it and fills half of it: unchanged limits make a frame cheap."
         lo, hi = ax.dataLim.intervaly  # the data's range (plot_history has just run relim)
         if not (math.isfinite(lo) and math.isfinite(hi)): return  # no data yet
-        kept = self._ylims.get(ax)
+        if ax.get_yscale() == 'log':  # a loss over decades: the same rule on log10 of the values
+            kept = self._sticky(ax, math.log10(lo), math.log10(hi))
+            return ax.set_ylim(10 ** kept[0], 10 ** kept[1])
+        ax.set_ylim(self._sticky(ax, lo, hi))
+
+    def _sticky(self, ax, lo, hi):
+        "The axis's kept range if [lo, hi] is inside it and fills half of it, else a new one with room around the data."
+        key = ax, ax.get_yscale()  # kept apart: a loss axis may turn log as the loss falls
+        kept = self._ylims.get(key)
         if kept is None or lo < kept[0] or hi > kept[1] or hi - lo < 0.5 * (kept[1] - kept[0]):
             pad = 0.2 * (hi - lo) or 0.05 * max(abs(hi), 1e-3)  # room to move in; a flat curve still gets a range
-            kept = self._ylims[ax] = (lo - pad, hi + pad)
-        ax.set_ylim(kept)
+            kept = self._ylims[key] = (lo - pad, hi + pad)
+        return kept
 
     def show(self, png):
         "Put a rendered frame where it goes: the notebook output (updated in place), the PNG file. Subclasses redirect it."
