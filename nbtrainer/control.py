@@ -8,7 +8,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/control.html.md"""
 __all__ = ['Controls']
 
 # %% ../nbs/16_control.ipynb #399a19ad
-import asyncio, concurrent.futures, contextvars, threading, time
+import asyncio, concurrent.futures, contextvars, sys, threading, time
 from pathlib import Path
 
 from .callback import Callback, CancelFitException, Order
@@ -161,11 +161,15 @@ def fit_async(learn, epochs=None, *, steps=None, eval_every=None, eval_subset=No
     done, started = concurrent.futures.Future(), threading.Event()
 
     def work():
+        _RUNNING.add(controls)  # the kernel's interrupt button ends it, even in the background
         try: done.set_result(learn.fit(epochs, steps=steps, eval_every=eval_every, eval_subset=eval_subset,
                                        cbs=[*cbs, *own, _Started(started)], lr=lr, reset_opt=reset_opt, resume=resume))
         except BaseException as e: done.set_exception(e)
-        finally: started.set()  # a fit that failed before it began
+        finally:
+            _RUNNING.discard(controls)
+            started.set()  # a fit that failed before it began
 
+    _end_background_fits_on_kernel_interrupt()
     context = contextvars.copy_context()  # the caller's: Jupyter sends the fit's output to the calling cell
     thread = threading.Thread(target=context.run, args=(work,), name='nbtrainer-fit', daemon=True)
     thread.start()
@@ -173,7 +177,27 @@ def fit_async(learn, epochs=None, *, steps=None, eval_every=None, eval_subset=No
     waiting = _wait_for_fit(learn, done, thread, controls)
     try: loop = asyncio.get_running_loop()
     except RuntimeError: return waiting  # no loop yet (a script): asyncio.run(...) awaits it
-    return loop.create_task(waiting)  # already training: await the task, or let the fit run in the background
+    task = loop.create_task(waiting)  # already training: await the task, or let the fit run in the background
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # in the background, its end is the summary's
+    return task
+
+_RUNNING = set()  # the Controls of the fits `fit_async` runs
+
+def _end_background_fits_on_kernel_interrupt():
+    """Make the kernel's interrupt button end the fits running in the background. An idle ipykernel ignores SIGINT: it
+    installs, after each cell, the handler it saved before it (`saved_sigint_handler`); that one becomes ours, which
+    interrupts the running fits, or does what the kernel's own did when none runs. A cell that runs gets the usual
+    KeyboardInterrupt (an awaited fit is then cancelled, and interrupted by `_wait_for_fit`)."""
+    kernel = getattr(sys.modules.get('ipykernel.kernelbase'), 'Kernel', None)
+    kernel = kernel.instance() if kernel is not None and kernel.initialized() else None
+    previous = getattr(kernel, 'saved_sigint_handler', None)
+    if previous is None or getattr(previous, 'ends_fits', False): return  # not in ipykernel, or done already
+    def on_interrupt(signum, frame):
+        if _RUNNING:
+            for controls in list(_RUNNING): controls.interrupt()
+        elif callable(previous): previous(signum, frame)
+    on_interrupt.ends_fits = True
+    kernel.saved_sigint_handler = on_interrupt
 
 class _Started(Callback):
     "Tells `fit_async` that the fit has begun: every other callback's `before_fit` has run."

@@ -8,7 +8,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/dashboard.html.md"""
 __all__ = ['Dashboard', 'progress_display']
 
 # %% ../nbs/17_dashboard.ipynb #e799ea7e
-import base64, html, threading, time, traceback
+import base64, html, sys, threading, time, traceback
 from pathlib import Path
 
 from .callback import Callback, Order, dispatch_tables
@@ -85,6 +85,31 @@ def _close(widget):
         if part is not None: _close(part)
     widget.close()
 
+def _comm_handled_concurrently():
+    "Is this comm message being handled while a cell awaits? ipykernel 7 then runs it beside the cell, with no status."
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == 'dispatch_shell': return frame.f_locals.get('concurrent') is True
+        frame = frame.f_back
+    return False
+
+def _ack_concurrent_update():
+    """Send the idle status a value update handled beside an awaiting cell lacks. The front end's widget model sends one
+    update at a time and holds the next until the last one's idle status arrives: without it, only a field's first edit
+    during `await learn.fit_async(...)` would ever reach the kernel (button clicks are not held: they always arrive)."""
+    kernel = getattr(sys.modules.get('ipykernel.kernelbase'), 'Kernel', None)
+    kernel = kernel.instance() if kernel is not None and kernel.initialized() else None
+    if kernel is not None and _comm_handled_concurrently(): kernel._publish_status('idle', 'shell')
+
+def _lr_field(**kwargs):
+    "A `FloatText` whose every edit reaches the kernel, a cell awaiting or not."
+    import ipywidgets as W
+    class LRField(W.FloatText):
+        def _handle_msg(self, msg):
+            try: super()._handle_msg(msg)
+            finally: _ack_concurrent_update()
+    return LRField(**kwargs)
+
 def _describe_request(step, action, value):
     "One entry of `Controls.log` in words."
     if action == 'lr': return f'lr {value:.3g} from step {step}'
@@ -120,7 +145,7 @@ class Dashboard(Callback):
         self.stop_button = W.Button(description='Stop', icon='stop', button_style='danger', tooltip='end the fit after this batch')
         self.pause_button = W.Button(description='Pause', icon='pause', tooltip='hold at the next step')
         self.save_button = W.Button(description='Save', icon='save', tooltip='write a checkpoint at the next step (at once while paused)')
-        self.lr_box = W.FloatText(value=learn.lr, description='LR', continuous_update=False, layout=W.Layout(width='170px'))
+        self.lr_box = _lr_field(value=learn.lr, description='LR', continuous_update=False, layout=W.Layout(width='170px'))
         self.lr_button = W.Button(description='Set LR', tooltip='use this learning rate from the next step (or press Enter in the field)')
         self.status = W.Label()
         self.status.add_class('nbtrainer-status')
@@ -133,7 +158,7 @@ class Dashboard(Callback):
             self.save_button.on_click(lambda _: self.controls.save())
             self.lr_button.on_click(self._on_lr)
             self.lr_box.observe(self._on_lr, names='value')  # Enter (or leaving the field) applies it
-            controls.listeners.append(self._show_status)  # feedback while the loop is held, too
+            controls.listeners.append(self._on_request)  # feedback while the loop is held, too
         self.image = W.Image(format='png', layout=W.Layout(display='none'))  # no slot until the first frame
         self._row_widgets, self._keys = [], None
         self.header = W.HTML(layout=W.Layout(**_ROW))
@@ -181,6 +206,11 @@ class Dashboard(Callback):
         lr = '' if 'lr' in learn.status else f' · lr {learn.opt.param_groups[0]["lr"]:.3g}'
         extras = ''.join(f' · {k} {v}' for k, v in learn.status.items())
         self.status.value = f'step {learn.step}{planned}{lr}{extras}'
+
+    def _on_request(self):
+        "A request carried out: the status line says so; a pause or a resume redraws the figure where the fit stands."
+        self._show_status()
+        if self.plot is not None and self.controls.log[-1][1] in ('pause', 'resume'): self.plot.render()
 
     # ---- button handlers: main thread, they only set flags and touch their own button ----
     def _on_stop(self, _):
@@ -230,8 +260,8 @@ class Dashboard(Callback):
             self._run('after_fit')
             self._show_status()
         finally:  # whatever ended the fit, every view gives way to a static summary
-            if self.controls is not None and self._show_status in self.controls.listeners:
-                self.controls.listeners.remove(self._show_status)
+            if self.controls is not None and self._on_request in self.controls.listeners:
+                self.controls.listeners.remove(self._on_request)
             self.summary = describe_ending(learn, time.perf_counter() - self._start)
             self.static = self._static()
             self._end_views()

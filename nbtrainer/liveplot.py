@@ -8,7 +8,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/liveplot.html.md"""
 __all__ = ['Frames', 'nice_limit', 'LivePlot']
 
 # %% ../nbs/14_liveplot.ipynb #08eed366
-import io, math, statistics, time
+import io, math, statistics, threading, time
 from pathlib import Path
 
 from .callback import Callback, Order
@@ -91,11 +91,26 @@ class LivePlot(Callback):
         self.handle = None  # a new output per fit; the figure is kept (building one costs as much as a frame)
         self._ylims = {}
         self.render_seconds, self.renders, self.times = 0.0, 0, []  # this fit's rendering cost, and when each frame was drawn
-        import matplotlib.figure, nbtrainer.plotting  # imported now, so the first render's time is the render's
+        from nbtrainer.plotting import resolve_theme
+        theme = resolve_theme(self.theme)  # the theme now: the user may have switched it since the last fit
+        if self.fig is not None and self.fig.theme != theme: self.fig = None
+        if self.fig is None:  # built beside the loop: the first frame of a fresh kernel comes as soon as a later one
+            self._ready = threading.Thread(target=self._prepare, args=(theme,), name='nbtrainer-liveplot', daemon=True)
+            self._ready.start()
         self._start = self._last = self.clock()  # start of the fit, end of the last render
         self._costs, self._full_costs = [], []  # what this fit's frames cost; those that were full draws
         learn = self.learn  # the metric columns to come: laid out from the first frame, not when the first row arrives
         self._metrics = [learn.eval_prefix + metric_name(m) for m in learn.metrics] if learn.valid_dl is not None else []
+
+    def _prepare(self, theme):
+        "Import matplotlib, build the figure and draw some text once: most of what makes a cold first frame slow."
+        from nbtrainer.plotting import new_figure
+        fig = new_figure(theme=theme)
+        frames = Frames(fig)
+        fig.add_subplot().set_xlabel('step')
+        frames.canvas.draw()
+        fig.clear()
+        self.fig, self.frames = fig, frames
 
     def _projected_seconds(self, now):
         "The fit's expected wall time: the time so far, scaled to the planned steps when they are known."
@@ -114,8 +129,8 @@ class LivePlot(Callback):
         "Is a frame due now: the first one after `first` s, then the remaining budget spread over the remaining time?"
         total, (frame, final) = self._projected_seconds(now), self._estimates()
         left = self.max_share * total - self.render_seconds  # the budget still to spend, final frame included
+        if self.renders == 0: return now - self._start >= self.first  # always: even a short fit shows a live frame
         if left < frame + final: return False  # this frame and the final one must both fit
-        if self.renders == 0: return now - self._start >= self.first
         frames = (left - final) // frame  # frames still affordable before the final one
         spacing = (total - (self._last - self._start)) / (frames + 1)  # from the last frame to the end, evenly
         return now - self._last >= max(self.every, spacing)
@@ -143,6 +158,8 @@ class LivePlot(Callback):
         from nbtrainer.plotting import new_figure, plot_history
         recorder = self.learn.recorder
         recorder.flush()  # read the queued losses: one host sync per redraw
+        if getattr(self, '_ready', None) is not None: self._ready.join()
+        self._ready = None
         if self.fig is None:
             self.fig = new_figure(theme=self.theme)
             self.frames = Frames(self.fig)
@@ -158,11 +175,19 @@ class LivePlot(Callback):
         "Keep an axis's range while the data fits in it and fills half of it: unchanged limits make a frame cheap."
         lo, hi = ax.dataLim.intervaly  # the data's range (plot_history has just run relim)
         if not (math.isfinite(lo) and math.isfinite(hi)): return  # no data yet
-        kept = self._ylims.get(ax)
+        if ax.get_yscale() == 'log':  # a loss over decades: the same rule on log10 of the values
+            kept = self._sticky(ax, math.log10(lo), math.log10(hi))
+            return ax.set_ylim(10 ** kept[0], 10 ** kept[1])
+        ax.set_ylim(self._sticky(ax, lo, hi))
+
+    def _sticky(self, ax, lo, hi):
+        "The axis's kept range if [lo, hi] is inside it and fills half of it, else a new one with room around the data."
+        key = ax, ax.get_yscale()  # kept apart: a loss axis may turn log as the loss falls
+        kept = self._ylims.get(key)
         if kept is None or lo < kept[0] or hi > kept[1] or hi - lo < 0.5 * (kept[1] - kept[0]):
             pad = 0.2 * (hi - lo) or 0.05 * max(abs(hi), 1e-3)  # room to move in; a flat curve still gets a range
-            kept = self._ylims[ax] = (lo - pad, hi + pad)
-        ax.set_ylim(kept)
+            kept = self._ylims[key] = (lo - pad, hi + pad)
+        return kept
 
     def show(self, png):
         "Put a rendered frame where it goes: the notebook output (updated in place), the PNG file. Subclasses redirect it."

@@ -167,7 +167,10 @@ class LRFinderResult(NamedTuple):
                     ax.set_ylim(min(used) - pad, max(used) + 2 * pad)
             for (name, value), style in zip(self.suggestions._asdict().items(), ('o', 's', 'v')):
                 if value is not None and self.lrs:
-                    ax.plot([value], [self.loss_at(value)], style, ms=7, ls='none', label=f'{name}: {value:.1e}')
+                    at, label = value, f'{name}: {value:.1e}'
+                    if name == 'minimum':  # marked at the lowest loss, as fastai does: the suggestion is a tenth of it
+                        at, label = value * 10, f'lowest loss at {value * 10:.1e} (minimum: a tenth, {value:.1e})'
+                    ax.plot([at], [self.loss_at(at)], style, ms=7, ls='none', label=label)
             if lr is not None and self.lrs:
                 ax.plot([lr], [self.loss_at(lr)], 'o', color='tab:red', ms=11, mfc='none', mew=2, label=f'slider: {lr:.2e}')
             if chosen is not None: ax.axvline(chosen, color='tab:red', lw=1.5, label=f'chosen: {chosen:.2e}')

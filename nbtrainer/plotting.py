@@ -176,9 +176,10 @@ def plot_history(recorder, path=None, fig=None, theme=None, metrics=()):
     valid = [(s, v) for s, v in valid if math.isfinite(v)]
     lines['valid_loss'].set_data([s for s, _ in valid], [v for _, v in valid])
     for name in metric_names: lines[name].set_data([r['step'] for r in hist], [r.get(name, math.nan) for r in hist])
-    for ax in fig.axes:
-        ax.relim()
-        ax.autoscale_view()
+    for ax in fig.axes: ax.relim()
+    lo, hi = fig.axes[0].dataLim.intervaly
+    fig.axes[0].set_yscale('log' if 0 < lo and hi >= 100 * lo else 'linear')  # losses over two decades: each readable
+    for ax in fig.axes: ax.autoscale_view()
     if path is not None: fig.savefig(path)  # the same 2x PNG Jupyter shows
     return fig
 

@@ -50,7 +50,8 @@ def describe_ending(learn, seconds=None):
 def brief_traceback(error, learn):
     "Let IPython show `error`, which ended `learn`'s fit, as one line saying how the fit ended; the full traceback stays in `learn.fit_exception`."
     def render():
-        hint = ' Full traceback: traceback.print_exception(learn.fit_exception)' if learn.fit_outcome == 'failed' else ''
+        hint = (' Full traceback: import traceback; traceback.print_exception(learn.fit_exception)'
+                if learn.fit_outcome == 'failed' else '')  # a line to paste as it is
         return [f'\x1b[0;31m{describe_ending(learn)}\x1b[0m{hint}']
     error._render_traceback_ = render  # IPython's hook for exceptions that render themselves (ipyparallel's)
     return error

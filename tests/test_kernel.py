@@ -137,6 +137,32 @@ def test_interrupt_ends_the_fit_cleanly(call):
         km.shutdown_kernel(now=True)
 
 
+def test_the_interrupt_button_ends_a_background_fit_and_is_harmless_with_none():
+    "An idle ipykernel ignores SIGINT: nbtrainer makes it end the fit trained in the background, cleanly."
+    km, kc = start_new_kernel(kernel_name='python3')
+    try:
+        execute(kc, SETUP)
+        execute(kc, 'learn = Learner(SlowLinear(8, 2), dl, dl, lr=0.1, cbs=[NoteEnd()])')
+        first = kc.execute('task = learn.fit_async(100)')
+        iopub_until_idle(kc, first)
+        assert shell_reply(kc, first)['content']['status'] == 'ok' and evaluate(kc, 'learn.fitting')
+        km.interrupt_kernel()  # the kernel is idle: no cell runs
+        deadline = time.time() + 60
+        while not evaluate(kc, 'task.done()'): assert time.time() < deadline, 'the interrupt did not end the fit'
+        ended, step, outcome = evaluate(kc, '(ended, learn.step, learn.fit_outcome)')
+        assert ended == [step] and 0 < step < 4000 and outcome == 'interrupted'  # after_fit ran, early
+        km.interrupt_kernel()  # no fit runs: nothing happens, the kernel and its state stay
+        time.sleep(0.5)
+        assert evaluate(kc, '(learn.fit(1), learn.step)[1]') == step + 40
+        slow = kc.execute('import time; time.sleep(30)')  # a running cell still gets the usual KeyboardInterrupt
+        time.sleep(1)
+        km.interrupt_kernel()
+        assert shell_reply(kc, slow)['content']['ename'] == 'KeyboardInterrupt'
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
 def test_an_error_in_fit_async_is_one_line_with_the_traceback_in_the_summary():
     km, kc = start_new_kernel(kernel_name='python3')
     try:

@@ -58,7 +58,8 @@ controls = Controls(save_dir='ckpt')
 learn = Learner(SlowMLP(), dl, small, lr=0.05, cbs=[NoteEnd(), controls])''',
     'await learn.fit_async(100, eval_every=8)  # 4000 steps planned: Stop is clicked long before',
     "print('FIT DONE', learn.step, ended[-1][0], repr(ended[-1][1]))",
-    "print('CONTROLS', [a for _, a, _ in controls.log], learn.recorder.batches['lr'][-1], sorted(os.listdir('ckpt')))",
+    "print('CONTROLS', [a for _, a, _ in controls.log], learn.recorder.batches['lr'][-1], sorted(os.listdir('ckpt')))\n"
+    "print('LRS', [float(v) for v in dict.fromkeys(learn.recorder.batches['lr'])])",
     'result = learn.lr_find(num_it=40)',
     "print('LR NOW', learn.lr)",
     'await learn.fit_async(2, cbs=[Boom()])  # fails: Run All stops here',
@@ -201,10 +202,19 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             assert not stop.is_disabled()
             page.screenshot(path=str(ARTIFACTS / 'dashboard-running.png'), full_page=True)
 
+            # Several LRs typed while the awaited fit runs, each sent a different way: every one reaches the loop.
+            lr_box = dash.locator('input[type="number"]')
+            for lr, send in (('0.04', 'Enter'), ('0.03', 'Tab'), ('0.02', 'Set LR')):
+                lr_box.fill(lr)
+                if send == 'Set LR': dash.locator('.widget-button:has-text("Set LR")').click()
+                else: lr_box.press(send)
+                applied = int(wait_for_status(page, dash, rf'lr {re.escape(lr)} from step (\d+)').group(1))
+                wait_for_status(page, dash, rf'^step (?!{applied}\b)\d+')  # it trained a step before the next edit
+            lap(f'three LRs typed during the awaited fit, each carried out: {status_text(page, dash)!r}')
+
             # Pause; while paused an LR typed + Enter, and Save, are carried out at once, at the held step.
             dash.locator('.widget-button:has-text("Pause")').click()
             held = int(wait_for_status(page, dash, r'paused at step (\d+)').group(1))
-            lr_box = dash.locator('input[type="number"]')
             lr_box.fill('0.01')
             lr_box.press('Enter')
             wait_for_status(page, dash, rf'lr 0\.01 from step {held}\b')
@@ -236,8 +246,10 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             page.wait_for_selector(output('CONTROLS'), timeout=30_000)
             controls_text = page.locator(output('CONTROLS')).inner_text()
             lap(controls_text.strip())
-            actions, saved = controls_text.split(' 0.01 ')
-            assert "['pause', 'lr', 'save', 'resume', 'save', 'stop']" in actions
+            actions, saved = controls_text.split('LRS')[0].split(' 0.01 ')
+            assert "['lr', 'lr', 'lr', 'pause', 'lr', 'save', 'resume', 'save', 'stop']" in actions
+            lrs = page.locator(output('LRS')).inner_text().split('LRS')[1]
+            assert json.loads(lrs) == [0.05, 0.04, 0.03, 0.02, 0.01], lrs  # each LR typed trained steps, in order
             assert f'manual-step{held}.pt' in saved and saved.count('manual-step') == 2
 
             # ---- 2. A failing fit: one line in the cell, the summary with the error and the folded traceback ----
