@@ -172,7 +172,7 @@ class Learner:
         if isinstance(metrics, str) or not hasattr(metrics, '__iter__'): metrics = [metrics]
         made, names = [], set()
         for spec in metrics:
-            if spec == 'loss': continue  # the loss is always recorded: train_loss and valid_loss
+            if isinstance(spec, str) and spec == 'loss': continue  # always recorded (and a torchmetrics `==` is no str's)
             m = get_metric(spec, self.loss_func)
             name = prefix + metric_name(m)
             if name in RESERVED_COLUMNS or (name.startswith(('train_', 'subset_')) and not prefix) or name in names:
@@ -181,7 +181,7 @@ class Learner:
                                   f'(taken: {", ".join(sorted({*RESERVED_COLUMNS, *names}))}; train_ and subset_ are prefixes)') +
                                  ': give the metric another name')
             names.add(name)
-            made.append(m)
+            made.append(m.to(self.device) if isinstance(m, torch.nn.Module) else m)  # e.g. torchmetrics: its states
         return made
 
     # ---- callbacks ----

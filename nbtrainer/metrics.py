@@ -314,6 +314,8 @@ def get_metric(spec, loss_func=None):
                              "or top_<k>_accuracy")
         return _METRICS[spec]()
     if isinstance(spec, type) and issubclass(spec, Metric): return spec()
+    if isinstance(spec, type) and all(callable(getattr(spec, m, None)) for m in ("update", "compute", "reset")):
+        spec = spec()  # another library's metric class, e.g. torchmetrics.MeanSquaredError: a fresh instance
     if _is_metric_like(spec):
         if not getattr(spec, "name", None):
             try: spec.name = type(spec).__name__.lower()
