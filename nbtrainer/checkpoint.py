@@ -81,7 +81,8 @@ def run_config(learn):
                                 if isinstance(v, (bool, int, float, str, tuple, type(None)))},
             'loss': {'name': loss_name, **(_scalars(loss) if isinstance(loss, torch.nn.Module) else {})},
             'precision': learn.precision.name, 'accumulate': learn.window.n,
-            'data': {**data_fingerprint(learn.train_dl), 'examples': _examples_digest(learn.train_dl)}}
+            'data': {**data_fingerprint(learn.train_dl), 'examples': _examples_digest(learn.train_dl)},
+            'reproducibility': dict(learn.reproducibility)}  # recorded, not compared: deterministic=True, the seed
 
 _digests = weakref.WeakKeyDictionary()  # dataset -> its examples' hash: read once, not at every save
 

@@ -8,7 +8,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/core.html.md"""
 __all__ = ['RESERVED_COLUMNS', 'REGRESSION_LOSSES', 'patch_to', 'Learner']
 
 # %% ../nbs/00_core.ipynb #3597a7bf
-import copy, inspect, math, os, threading, warnings
+import copy, inspect, math, numbers, os, threading, warnings
 from collections.abc import Mapping
 
 import torch
@@ -21,7 +21,7 @@ from .callback import (CANCEL_EXCEPTIONS, CancelBackwardException, CancelBatchEx
 from .checks import hyperparameter
 from .data import batch_size, loader_length, resolve_device, subset_loader, to_device
 from .metrics import Mean, as_float, example_losses, get_metric, metric_name
-from .parts import Accumulation, FitProgress, SingleProcess, TrainPass
+from .parts import Accumulation, FitProgress, ParamGroups, SingleProcess, TrainPass, split_params, spread_lrs
 from .precision import MixedPrecision
 from .recorder import Recorder, SkipNonFinite
 from .rng import preserve_rng, rng_state, set_rng_state
@@ -64,6 +64,28 @@ def _delegate(part, name):
     return property(lambda self: getattr(getattr(self, part), name),
                     lambda self, value: setattr(getattr(self, part), name, value), doc=f'`learn.{part}.{name}`')
 
+def _param_groups(model, splitter, opt_func):
+    "The parameter groups: a splitter's, those of an optimizer the user built, or one group of every parameter."
+    if not isinstance(opt_func, torch.optim.Optimizer): return ParamGroups(split_params(model, splitter), model)
+    if splitter is not None:
+        raise ValueError('splitter= and an optimizer built with its own groups (opt_func=) both set the groups: '
+                         'give one of them')
+    ours = {id(p) for p in model.parameters()}
+    if any(id(p) not in ours for g in opt_func.param_groups for p in g['params']):
+        raise ValueError("opt_func is an optimizer over parameters that are not the model's: build it over the "
+                         'parameters of the model given to Learner')
+    return ParamGroups([g['params'] for g in opt_func.param_groups], model)
+
+def _reproducibility(deterministic):
+    "`deterministic=True`: torch's deterministic algorithms, cuDNN's flags; what the run used, for its record."
+    if not isinstance(deterministic, bool): raise ValueError(f'deterministic must be True or False, got {deterministic!r}')
+    if deterministic:  # process-wide, as torch's switches are
+        os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')  # deterministic cuBLAS needs it before first use
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    return {'deterministic': torch.are_deterministic_algorithms_enabled(), 'cudnn_deterministic':
+            torch.backends.cudnn.deterministic, 'cudnn_benchmark': torch.backends.cudnn.benchmark, 'seed': torch.initial_seed()}
+
 class Learner:
     "Train `model` on `train_dl` with `loss_func` and an optimizer from `opt_func`; callbacks see every step."
     target_keys = ('y', 'target', 'targets', 'label', 'labels')
@@ -79,7 +101,7 @@ class Learner:
     def __init__(self, model, train_dl, valid_dl=None, loss_func=F.cross_entropy, opt_func=torch.optim.AdamW,
                  lr=1e-3, metrics=None, cbs=(), device=None, progress=True, skip_nonfinite=False,
                  precision='fp32', accumulate=1, clip_grad_norm=None, compile=False, dashboard=True, distributed=None,
-                 sync_bn=False, train_metrics=(), preemption=True, fork_points=0):
+                 sync_bn=False, train_metrics=(), preemption=True, fork_points=0, splitter=None, deterministic=False):
         for name, dl in (('train_dl', train_dl), ('valid_dl', valid_dl)):
             if isinstance(dl, Dataset) and not isinstance(dl, IterableDataset):
                 raise TypeError(f'{name} is a Dataset, which gives one example at a time, not a loader of batches: '
@@ -92,7 +114,10 @@ class Learner:
         distributed = _distributed_run() if distributed is None else bool(distributed)
         self.strategy = Learner.distributed_factory(sync_bn) if distributed else SingleProcess()
         # the strategy wraps the model and shards the loader before anything else sees them
+        self.reproducibility = _reproducibility(deterministic)  # before the model first runs
+        self.param_groups = _param_groups(model, splitter, opt_func)  # the plain model's, before DDP wraps it
         self.model, train_dl = self.strategy.prepare(model.to(self.device), self.device, train_dl)
+        self.param_groups.on_change = self._rewrap
         if not isinstance(compile, (bool, dict)):
             raise TypeError(f"compile must be True, False or a dict of torch.compile's options (e.g. {{'mode': 'max-autotune'}}), "
                             f'got {compile!r}')
@@ -101,10 +126,11 @@ class Learner:
         self.loss_func, self.opt_func = loss_func, opt_func
         self.metrics = self._make_metrics(self._default_metrics() if metrics is None else metrics)
         self.valid_loss = Mean()
-        self._lr, self.opt = hyperparameter('lr', lr), None
+        self._lr, self.opt = lr, None  # a number, a slice(lo, hi) or a list: spread over the groups
         self.create_opt()
         self.training = self.fitting = self.evaluating = False
         self.grad_norm, self.eval_prefix, self.eval_row, self.model_output = None, '', None, None
+        self.xb = self.yb = self.pred = None  # predict_batch saves and restores them, before any fit too
         self.fit_outcome = self.fit_exception = None
         self.metric_values, self.status = {}, {}  # status: short texts callbacks post for displays, e.g. {'data wait': '12%'}
         self._fit_lock, self._fit_thread, self._forward_names = threading.Lock(), None, (None, None)
@@ -127,7 +153,7 @@ class Learner:
     def parts(self):
         "The parts that own the loop's state, by the name a checkpoint files their `state_dict()` under."
         return {'progress': self.progress, 'pass': self.data_pass, 'window': self.window, 'precision': self.precision,
-                'strategy': self.strategy}
+                'strategy': self.strategy, 'groups': self.param_groups}
 
     epoch, step = _delegate('progress', 'epoch'), _delegate('progress', 'step')  # callbacks may change them
     fit_start, last_eval_step = _delegate('progress', 'fit_start'), _delegate('progress', 'last_eval_step')
@@ -227,25 +253,47 @@ class Learner:
         if first is not None: raise first
 
     # ---- optimizer and lr ----
+    def _rewrap(self):
+        "The trainable parameters changed (freeze, unfreeze): the strategy wraps the model anew (DDP's buckets)."
+        self.model = self.strategy.rewrap(self.model)
+
     def create_opt(self):
-        "(Re)build the optimizer over the model's parameters at `self.lr`."
-        params = list(self.model.parameters())
-        if not any(p.requires_grad for p in params):
+        "(Re)build the optimizer: a param group per parameter group, each at its share (`lr_scale`) of `self.lr`."
+        groups = self.param_groups.groups
+        if not any(p.requires_grad for g in groups for p in g):
             raise ValueError('the model has no trainable parameters (none, or all have requires_grad=False): '
                              'there is nothing to train')
+        if isinstance(self.opt_func, torch.optim.Optimizer):  # built by the user: its own groups and settings, kept
+            built = self.opt_func
+            if self.opt is not None: built = type(built)([dict(g) for g in self.opt.param_groups], **built.defaults)
+            self.opt = built
+            if 'lr_scale' not in built.param_groups[0]: self.lr = [g['lr'] for g in built.param_groups]
+            return
+        rebuild = self.opt is not None and len(groups) > 1  # a rebuilt optimizer keeps its groups' ratios
+        spec = [self._lr * g['lr_scale'] for g in self.opt.param_groups] if rebuild else self._lr
+        base, scales = spread_lrs(spec, len(groups))
         fused = self.device.type == 'cuda' and self.opt_func in (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)
         # on CUDA the default optimizers step in one fused kernel, which takes fp16's found_inf on the device: no sync
-        self.opt = self.opt_func(params, lr=self._lr, **({'fused': True} if fused else {}))
+        specs = [{'params': g, 'lr': base * s, 'lr_scale': s} for g, s in zip(groups, scales)]
+        # one group: the flat list of parameters, as an opt_func that builds groups of its own expects
+        self.opt = self.opt_func(groups[0] if len(groups) == 1 else specs, lr=base, **({'fused': True} if fused else {}))
+        self.lr = base  # the groups' lr_scale (an opt_func's own groups: their ratios)
 
     @property
     def lr(self):
-        "The base learning rate. Setting it updates every parameter group from the next step."
+        "The base learning rate: the last param group's. Setting it scales every group's, keeping their ratios."
         return self._lr
 
     @lr.setter
     def lr(self, value):
-        self._lr = hyperparameter('lr', value)  # the one check every learning rate goes through
-        for group in self.opt.param_groups: group['lr'] = self._lr
+        "A number scales every group; a `slice(lo, hi)`, a list or a `layer_decay` gives the groups new ratios."
+        groups = self.opt.param_groups
+        if isinstance(value, (slice, list, tuple)) or hasattr(value, 'lrs'): self._lr, scales = spread_lrs(value, len(groups))
+        else:
+            self._lr = hyperparameter('lr', value)  # the one check every learning rate goes through
+            if all('lr_scale' in g for g in groups): scales = [g['lr_scale'] for g in groups]
+            else: scales = [g['lr'] / groups[-1]['lr'] for g in groups]  # an optimizer set by hand: its ratios
+        for group, scale in zip(groups, scales): group['lr_scale'], group['lr'] = scale, self._lr * scale
 
     # ---- one batch: the steps a subclass overrides ----
     def split_batch(self, batch):
@@ -526,7 +574,10 @@ class Learner:
 
     def validate(self, dl=None):
         "Evaluate on `dl` (default: `valid_dl`) and return {metric name: value}, `valid_loss` included."
-        return dict(self._run_validate(self._valid_dl(dl)))
+        if not self.evaluating: return dict(self._run_validate(self._valid_dl(dl)))
+        saved, self.evaluating = self.metric_values, False  # inside one of the fit's evaluations (e.g. EMA's): not one itself
+        try: return dict(self._run_validate(self._valid_dl(dl)))
+        finally: self.evaluating, self.metric_values = True, saved  # that evaluation's values, for its row
 
     def get_preds(self, dl=None):
         "Predictions and targets for `dl` (default: `valid_dl`), concatenated on the CPU; padding (weight 0) left out."

@@ -313,6 +313,13 @@ class DistributedTrainer(SingleProcess, Callback):
 
     def state_dict(self): return {'world': self.world}
 
+    def rewrap(self, model):
+        "The trainable parameters changed (freeze, unfreeze): a new DDP wrapper, whose buckets hold the ones that train."
+        if hasattr(model, '_orig_mod'):
+            raise ValueError('freezing or unfreezing a compiled DDP model would need a new compile: freeze before '
+                             'Learner(compile=...) (pass a model whose parameters already have requires_grad set)')
+        return nn.parallel.DistributedDataParallel(model.module, device_ids=model.device_ids, **_no_buffer_broadcast())
+
     # ---- events ----
     def before_fit(self):
         self.stop_requested, self.learn.recorder.nonfinite, self._since_check = False, None, 0

@@ -129,7 +129,7 @@ def show_figures_inline():
     try: png.lookup_by_type(Figure)
     except KeyError: png.for_type(Figure, _png_for_display)  # keep a format the user already chose (retina, svg...)
 
-_NOT_METRICS = ('epoch', 'step', 'train_loss', 'valid_loss', 'subset_valid_loss', 'lr', 'grad_norm', 'time')
+_NOT_METRICS = ('epoch', 'step', 'train_loss', 'valid_loss', 'subset_valid_loss', 'lr', 'lrs', 'grad_norm', 'time')
 _METRIC_COLORS = ('tab:green', 'tab:red', 'tab:purple', 'tab:brown', 'tab:pink', 'tab:olive', 'tab:cyan', 'tab:gray')
 LEGEND_POINTS = 9  # 10 CSS px at 80 CSS px an inch
 

@@ -89,7 +89,7 @@ class Recorder(Callback):
     def after_loss(self):
         learn = self.learn
         progress = learn.progress
-        self._queue.append((learn.loss.detach(), learn.bs, progress.epoch, learn.iter, progress.step, learn.opt.param_groups[0]['lr']))
+        self._queue.append((learn.loss.detach(), learn.bs, progress.epoch, learn.iter, progress.step, learn.opt.param_groups[-1]['lr']))
         if len(self._queue) >= self.flush_every: self.flush()
         for m in self.train_metrics:  # on the device, like validation metrics: no sync
             if learn.weights is None: m.update(learn.pred, learn.yb)
@@ -145,7 +145,9 @@ class Recorder(Callback):
         train = {'train_' + metric_name(m): as_float(m.compute()) for m in self.train_metrics}
         for m in self.train_metrics: m.reset()
         row = {'epoch': learn.epoch, 'step': learn.step, 'train_loss': total / n if n else math.nan, **train,
-               **learn.metric_values, 'lr': learn.opt.param_groups[0]['lr']}
+               **learn.metric_values, 'lr': learn.opt.param_groups[-1]['lr']}  # the base lr: the last group's
+        lrs = [g['lr'] for g in learn.opt.param_groups]
+        if len(set(lrs)) > 1: row['lrs'] = lrs  # each group's, where they differ
         if learn.grad_norm is not None: row['grad_norm'] = float(learn.grad_norm)  # clipping's, read once per row
         if learn.precision.scaler is not None: row['skipped_steps'] = learn.skipped_steps  # fp16's, read once per row
         row['time'] = time.perf_counter() - self._start

@@ -167,12 +167,13 @@ class ParamScheduler(Callback):
         for name, schedule in self.schedules.items():
             value = schedule(pos, self.total)
             if name == 'lr': value = learn.lr * value
-            for group in learn.opt.param_groups: _set(group, name, value)
+            for group in learn.opt.param_groups:  # each lr at its group's share of the base: ratios kept
+                _set(group, name, value * group.get('lr_scale', 1.0) if name == 'lr' else value)
 
     def after_fit(self):
         for group, before in zip(self.learn.opt.param_groups, self._before):
             group.update(before)
-            if 'lr' in before: group['lr'] = self.learn.lr
+            if 'lr' in before: group['lr'] = self.learn.lr * group.get('lr_scale', 1.0)
 
 # %% ../nbs/12_schedule.ipynb #b7599c3c
 def one_cycle(pct_start=0.25, div=25.0, div_final=1e5, moms=(0.95, 0.85, 0.95)):
