@@ -169,6 +169,7 @@ class EMA(Callback):
     def after_validate(self):
         learn = self.learn
         if not (self.columns and learn.evaluating and not self._inside and self.averaged is not None): return
+        if learn.dl is None: return  # a fit without validation data: no columns to add
         self._inside = True
         try:
             with self.swapped(): averaged = learn.validate(learn.dl)  # the evaluation's own values stay
