@@ -95,7 +95,7 @@ def fine_tune(learn, epochs, base_lr=None, freeze_epochs=1, lr_mult=100, pct_sta
     base_lr = learn.lr if base_lr is None else base_lr
     if freeze_epochs:
         learn.freeze()
-        learn.fit_one_cycle(freeze_epochs, slice(base_lr), pct_start=0.99, **kwargs)
+        learn.fit_one_cycle(freeze_epochs, slice(base_lr), pct_start=0.75, **kwargs)  # mostly warmup (fastai: 0.99)
     base_lr /= 2
     learn.unfreeze()
     learn.fit_one_cycle(epochs, slice(base_lr / lr_mult, base_lr), pct_start=pct_start, div=div, **kwargs)

@@ -29,7 +29,8 @@ def format_row(row, keys=None):
     cells = []
     for k in keys:
         v = row.get(k, '')
-        text = v if isinstance(v, str) else f'{v:.1f}s' if k == 'time' else f'{v}' if isinstance(v, int) else f'{v:.4g}'
+        text = v if isinstance(v, str) else f'{v:.1f}s' if k == 'time' else f'{v}' if isinstance(v, int) else \
+            ' '.join(f'{x:.2g}' for x in v) if isinstance(v, (list, tuple)) else f'{v:.4g}'  # lists: e.g. the groups' lrs
         cells.append(f'{text:>{max(len(k), 10)}}')
     return ' '.join(cells)
 
