@@ -33,7 +33,7 @@ from .loggers import CSVLogger, TensorBoardLogger
 from .evaluate import Evaluation, Report, SavePredictions
 from .diagnose import DataWait, DataWaitWarning, DevicePrefetcher
 from .schedule import ParamScheduler, Schedule, Segment, one_cycle
-from .finetune import EMA, ReduceLROnPlateau, Summary, by_depth, head_body, layer_decay
+from .finetune import EMA, SWA, ReduceLROnPlateau, Summary, by_depth, head_body, layer_decay
 from .lr_finder import LRFinder, LRFinderResult, suggest_lrs
 from .liveplot import LivePlot
 from .distributed import (init_distributed, is_main_process, launch, rank, request_stop, shard_loader,
@@ -55,5 +55,5 @@ __all__ = ['Accumulation', 'Accuracy', 'CSVLogger', 'Callback', 'CancelBackwardE
            'one_cycle', 'patch_to', 'plain_state_dict', 'plot_history', 'preserve_rng', 'rank',
            'read_checkpoint', 'rebatch', 'request_stop', 'rng_state', 'run_config', 'runs', 'set_rng_state', 'shard_loader',
            'skip_batches',
-           'EMA', 'ReduceLROnPlateau', 'Summary', 'by_depth', 'head_body', 'layer_decay',
+           'EMA', 'ReduceLROnPlateau', 'SWA', 'Summary', 'by_depth', 'head_body', 'layer_decay',
            'subset_loader', 'suggest_lrs', 'to_device', 'world_size']
