@@ -15,8 +15,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from nbtrainer import (Callback, Checkpointer, CSVLogger, EarlyStopping, Learner, ProgressCallback, TensorBoardLogger,
-                       Tracker)
+from nbtrainer import (EMA, Callback, Checkpointer, CSVLogger, EarlyStopping, Learner, ProgressCallback, ReduceLROnPlateau,
+                       TensorBoardLogger, Tracker, head_body)
 
 HOST_READS = ('item', 'tolist', '__bool__', '__float__', '__int__', '__index__', 'cpu', 'numpy')
 START, STOP = 20, 60  # the window: batches START..STOP-1 of the first epoch (of 128)
@@ -90,16 +90,21 @@ def learner(reads, tmp_path, precision='fp32', accumulate=1, clip=None, extras=(
     cbs = [Window(reads), ProgressCallback(refresh=1e9, file=io.StringIO())]
     kwargs = {}
     if 'train_metrics' in extras: kwargs['train_metrics'] = ('accuracy',)
+    if 'finetune' in extras:  # two lr groups, the body frozen, an EMA (fp16: its skipped-step test on the device)
+        cbs += [EMA(decay=0.99), ReduceLROnPlateau(patience=1)]
+        kwargs.update(splitter=head_body, lr=slice(1e-4, 1e-3))
     if 'writers' in extras:
         cbs += [CSVLogger(tmp_path / 'log.csv'), TensorBoardLogger(tmp_path / 'tb'), Checkpointer(tmp_path / 'ckpt'),
                 Tracker(tmp_path / 'runs.db'), EarlyStopping(patience=3)]
-    return Learner(model(), DataLoader(data(), batch_size=8), DataLoader(data(), batch_size=64), lr=1e-3,
-                   precision=precision, accumulate=accumulate, clip_grad_norm=clip, progress=False, cbs=cbs, **kwargs)
+    learn = Learner(model(), DataLoader(data(), batch_size=8), DataLoader(data(), batch_size=64), **{'lr': 1e-3, **kwargs},
+                    precision=precision, accumulate=accumulate, clip_grad_norm=clip, progress=False, cbs=cbs)
+    if 'finetune' in extras: learn.freeze()
+    return learn
 
 
 CASES = [(p, a, c, ()) for p, a, c in itertools.product(('fp32', 'bf16', 'fp16'), (1, 2), (None, 1.0))]
 CASES += [('fp32', 1, None, ('train_metrics',)), ('fp16', 2, 1.0, ('train_metrics', 'writers')),
-          ('bf16', 1, None, ('writers',))]
+          ('bf16', 1, None, ('writers',)), ('fp32', 1, None, ('finetune',)), ('fp16', 2, 1.0, ('finetune',))]
 
 
 @pytest.mark.parametrize('precision,accumulate,clip,extras', CASES)
