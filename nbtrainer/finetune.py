@@ -55,7 +55,8 @@ def by_depth(n=None, layers=None):
         if layers:  # what comes before the stack (embeddings) trains with its first group, what follows with the last
             rest, first = _own_params(model, [stack]), _first_module_index(model, stack)
             before = [p for p in rest if _first_module_index(model, p, param=True) < first]
-            groups[0], groups[-1] = before + groups[0], groups[-1] + [p for p in rest if p not in before]
+            taken = {id(p) for p in before}
+            groups[0], groups[-1] = before + groups[0], groups[-1] + [p for p in rest if id(p) not in taken]
         return groups
     return split
 
