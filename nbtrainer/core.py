@@ -78,13 +78,15 @@ def _param_groups(model, splitter, opt_func):
 
 def _reproducibility(deterministic):
     "`deterministic=True`: torch's deterministic algorithms, cuDNN's flags; what the run used, for its record."
-    if not isinstance(deterministic, bool): raise ValueError(f'deterministic must be True or False, got {deterministic!r}')
+    if not isinstance(deterministic, bool):
+        raise ValueError(f'deterministic must be True or False, got {deterministic!r}')
     if deterministic:  # process-wide, as torch's switches are
         os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')  # deterministic cuBLAS needs it before first use
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    return {'deterministic': torch.are_deterministic_algorithms_enabled(), 'cudnn_deterministic':
-            torch.backends.cudnn.deterministic, 'cudnn_benchmark': torch.backends.cudnn.benchmark, 'seed': torch.initial_seed()}
+    cudnn = torch.backends.cudnn
+    return {'deterministic': torch.are_deterministic_algorithms_enabled(), 'cudnn_deterministic': cudnn.deterministic,
+            'cudnn_benchmark': cudnn.benchmark, 'seed': torch.initial_seed()}
 
 class Learner:
     "Train `model` on `train_dl` with `loss_func` and an optimizer from `opt_func`; callbacks see every step."
@@ -276,7 +278,8 @@ class Learner:
         # on CUDA the default optimizers step in one fused kernel, which takes fp16's found_inf on the device: no sync
         specs = [{'params': g, 'lr': base * s, 'lr_scale': s} for g, s in zip(groups, scales)]
         # one group: the flat list of parameters, as an opt_func that builds groups of its own expects
-        self.opt = self.opt_func(groups[0] if len(groups) == 1 else specs, lr=base, **({'fused': True} if fused else {}))
+        self.opt = self.opt_func(groups[0] if len(groups) == 1 else specs, lr=base,
+                                 **({'fused': True} if fused else {}))
         self.lr = base  # the groups' lr_scale (an opt_func's own groups: their ratios)
 
     @property
@@ -288,7 +291,8 @@ class Learner:
     def lr(self, value):
         "A number scales every group; a `slice(lo, hi)`, a list or a `layer_decay` gives the groups new ratios."
         groups = self.opt.param_groups
-        if isinstance(value, (slice, list, tuple)) or hasattr(value, 'lrs'): self._lr, scales = spread_lrs(value, len(groups))
+        if isinstance(value, (slice, list, tuple)) or hasattr(value, 'lrs'):
+            self._lr, scales = spread_lrs(value, len(groups))
         else:
             self._lr = hyperparameter('lr', value)  # the one check every learning rate goes through
             if all('lr_scale' in g for g in groups): scales = [g['lr_scale'] for g in groups]
@@ -575,7 +579,7 @@ class Learner:
     def validate(self, dl=None):
         "Evaluate on `dl` (default: `valid_dl`) and return {metric name: value}, `valid_loss` included."
         if not self.evaluating: return dict(self._run_validate(self._valid_dl(dl)))
-        saved, self.evaluating = self.metric_values, False  # inside one of the fit's evaluations (e.g. EMA's): not one itself
+        saved, self.evaluating = self.metric_values, False  # inside a fit's evaluation (e.g. EMA's): not one itself
         try: return dict(self._run_validate(self._valid_dl(dl)))
         finally: self.evaluating, self.metric_values = True, saved  # that evaluation's values, for its row
 

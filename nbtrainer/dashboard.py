@@ -203,7 +203,7 @@ class Dashboard(Callback):
     def _show_status(self):
         learn = self.learn
         planned = f' of {learn.fit_start[1] + learn.n_steps}' if learn.n_steps else ''
-        lr = '' if 'lr' in learn.status else f' · lr {learn.opt.param_groups[-1]["lr"]:.3g}'  # the base: the last group's
+        lr = '' if 'lr' in learn.status else f' · lr {learn.opt.param_groups[-1]["lr"]:.3g}'  # the base lr
         extras = ''.join(f' · {k} {v}' for k, v in learn.status.items())
         self.status.value = f'step {learn.step}{planned}{lr}{extras}'
 

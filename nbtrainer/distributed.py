@@ -314,7 +314,7 @@ class DistributedTrainer(SingleProcess, Callback):
     def state_dict(self): return {'world': self.world}
 
     def rewrap(self, model):
-        "The trainable parameters changed (freeze, unfreeze): a new DDP wrapper, whose buckets hold the ones that train."
+        "The trainable parameters changed (freeze, unfreeze): a new DDP wrapper, whose buckets hold those that train."
         if hasattr(model, '_orig_mod'):
             raise ValueError('freezing or unfreezing a compiled DDP model would need a new compile: freeze before '
                              'Learner(compile=...) (pass a model whose parameters already have requires_grad set)')

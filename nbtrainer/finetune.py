@@ -32,7 +32,8 @@ def _own_params(model, exclude):
 def head_body(model):
     "Two groups: the body (everything but the last child module that has parameters) and the head (that child)."
     children = _children(model)
-    if not children: raise ValueError(f'{type(model).__name__} has no child modules with parameters to split off as a head')
+    if not children:
+        raise ValueError(f'{type(model).__name__} has no child modules with parameters to split off as a head')
     head = children[-1]
     return [_own_params(model, [head]), list(head.parameters())]
 
@@ -41,12 +42,14 @@ def _submodule(model, path):
     return model
 
 def by_depth(n=None, layers=None):
-    "A splitter: a group per layer (children of the model, or of the submodule at dotted path `layers`), or `n` groups of them."
-    if n is not None and not (isinstance(n, int) and n >= 1): raise ValueError(f'n must be an int >= 1 or None, got {n!r}')
+    "A splitter: a group per layer (the model's children, or those of the submodule at path `layers`), or `n` groups."
+    if n is not None and not (isinstance(n, int) and n >= 1):
+        raise ValueError(f'n must be an int >= 1 or None, got {n!r}')
     def split(model):
         stack = _submodule(model, layers) if layers else model
         blocks = _children(stack)
-        if not blocks: raise ValueError(f'{type(stack).__name__} has no child modules with parameters to split by depth')
+        if not blocks:
+            raise ValueError(f'{type(stack).__name__} has no child modules with parameters to split by depth')
         groups = [list(b.parameters()) for b in blocks]
         if n is not None:  # consecutive layers, as evenly as they go
             k = min(n, len(groups))
@@ -77,7 +80,7 @@ class layer_decay:
 # %% ../nbs/12b_finetune.ipynb #216fb0d7
 @patch_to(Learner)
 def freeze_to(learn, n, train_norm=None):
-    "Freeze the first `n` parameter groups (negative: all but the last `-n`); `train_norm=False` freezes their norm layers too."
+    "Freeze the first `n` parameter groups (negative: all but the last `-n`); `train_norm=False`: norm layers too."
     learn.param_groups.freeze_to(n, train_norm)
 
 @patch_to(Learner)
@@ -92,7 +95,7 @@ def unfreeze(learn):
 
 @patch_to(Learner)
 def fine_tune(learn, epochs, base_lr=None, freeze_epochs=1, lr_mult=100, pct_start=0.3, div=5.0, **kwargs):
-    "Train the head with the rest frozen for `freeze_epochs`, then everything for `epochs` at lrs from `base_lr / lr_mult` to `base_lr / 2`."
+    "The head for `freeze_epochs`, then every group for `epochs` at lrs from `base_lr / 2 / lr_mult` to `base_lr / 2`."
     base_lr = learn.lr if base_lr is None else base_lr
     if freeze_epochs:
         learn.freeze()
@@ -103,7 +106,9 @@ def fine_tune(learn, epochs, base_lr=None, freeze_epochs=1, lr_mult=100, pct_sta
 
 # %% ../nbs/12b_finetune.ipynb #7b30829a
 def _plain(model):
-    while hasattr(model, 'module') or hasattr(model, '_orig_mod'): model = getattr(model, 'module', None) or model._orig_mod
+    "The model without its DDP or torch.compile wrappers."
+    while hasattr(model, 'module') or hasattr(model, '_orig_mod'):
+        model = getattr(model, 'module', None) or model._orig_mod
     return model
 
 def _tensors(model):
@@ -121,7 +126,8 @@ class EMA(Callback):
     def __init__(self, decay=0.999, every=1, warmup=0, columns=True):
         if not 0 < decay < 1: raise ValueError(f'decay must be in (0, 1), got {decay!r}')
         for name, v, least in (('every', every, 1), ('warmup', warmup, 0)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < least: raise ValueError(f'{name} must be an int >= {least}, got {v!r}')
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise ValueError(f'{name} must be an int >= {least}, got {v!r}')
         self.decay, self.every, self.warmup, self.columns = decay, every, warmup, columns
         self.averaged, self.updates, self._inside = None, 0, False
 
@@ -130,7 +136,8 @@ class EMA(Callback):
     def before_fit(self):
         live = self._live()
         if self.averaged is None: self.averaged = [t.detach().clone() for t in live]
-        elif len(self.averaged) != len(live): raise ValueError('EMA holds an average of another model: make a new EMA()')
+        elif len(self.averaged) != len(live):
+            raise ValueError('EMA holds an average of another model: make a new EMA()')
         self._float = [i for i, t in enumerate(live) if t.is_floating_point()]
         self._other = [i for i, t in enumerate(live) if not t.is_floating_point()]
 
@@ -176,7 +183,7 @@ class EMA(Callback):
         try:
             with self.swapped(): averaged = learn.validate(learn.dl)  # the evaluation's own values stay
         finally: self._inside = False
-        learn.metric_values.update({self.prefix + k: v for k, v in averaged.items()})  # columns of this evaluation's row
+        learn.metric_values.update({self.prefix + k: v for k, v in averaged.items()})  # this evaluation's row's
 
     def state_dict(self):
         return {} if self.averaged is None else {'averaged': self.averaged, 'updates': self.updates}
@@ -184,7 +191,8 @@ class EMA(Callback):
     def load_state_dict(self, state):
         if not state: return
         if self.averaged is None: self.averaged = [t.detach().clone() for t in self._live()]
-        with torch.no_grad(): torch._foreach_copy_(self.averaged, [t.to(a.device) for t, a in zip(state['averaged'], self.averaged)])
+        saved = [t.to(a.device) for t, a in zip(state['averaged'], self.averaged)]
+        with torch.no_grad(): torch._foreach_copy_(self.averaged, saved)
         self.updates = state['updates']
 
 class SWA(EMA):
@@ -192,7 +200,8 @@ class SWA(EMA):
     prefix = 'swa_'
 
     def __init__(self, start=0, every=1, columns=True):
-        if isinstance(start, bool) or not isinstance(start, int) or start < 0: raise ValueError(f'start must be an int >= 0, got {start!r}')
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ValueError(f'start must be an int >= 0, got {start!r}')
         super().__init__(decay=0.5, every=every, columns=columns)
         self.start = start
 
@@ -205,10 +214,11 @@ _validate = Learner.validate
 
 @patch_to(Learner)
 def validate(learn, dl=None, ema=False):
-    "Evaluate on `dl` (default: `valid_dl`); `ema=True`: the averaged weights of the Learner's `EMA` (or `SWA`) callback."
+    "Evaluate on `dl` (default: `valid_dl`); `ema=True`: the averaged weights of the Learner's `EMA` (or `SWA`)."
     if not ema: return _validate(learn, dl)
     cb = next((c for c in learn.cbs if isinstance(c, EMA) and c.averaged is not None), None)
-    if cb is None: raise ValueError('validate(ema=True) needs an EMA callback that has averaged: Learner(cbs=[EMA()]) and a fit')
+    if cb is None:
+        raise ValueError('validate(ema=True) needs an EMA callback that has averaged: Learner(cbs=[EMA()]) and a fit')
     with cb.swapped(): return _validate(learn, dl)
 
 # %% ../nbs/12b_finetune.ipynb #b0193470
@@ -223,25 +233,28 @@ def _columns(learn):
     return names
 
 class ReduceLROnPlateau(Callback):
-    "Multiply `learn.lr` by `factor` after `patience` evaluations in a row without improving `monitor` (PyTorch's rules)."
+    "Multiply `learn.lr` by `factor` after `patience` evaluations without improving `monitor` (PyTorch's rules)."
     order = Order.SAVE - 5  # after the writers have the row, before a checkpoint saves the new lr
 
     def __init__(self, monitor='valid_loss', mode='min', factor=0.1, patience=10, threshold=1e-4, threshold_mode='rel',
                  cooldown=0, min_lr=0.0, eps=1e-8, verbose=False):
         if mode not in ('min', 'max'): raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        if threshold_mode not in ('rel', 'abs'): raise ValueError(f"threshold_mode must be 'rel' or 'abs', got {threshold_mode!r}")
+        if threshold_mode not in ('rel', 'abs'):
+            raise ValueError(f"threshold_mode must be 'rel' or 'abs', got {threshold_mode!r}")
         if not 0 < factor < 1: raise ValueError(f'factor must be in (0, 1), got {factor!r}')
         for name, v in (('patience', patience), ('cooldown', cooldown)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0: raise ValueError(f'{name} must be an int >= 0, got {v!r}')
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f'{name} must be an int >= 0, got {v!r}')
         self.monitor, self.mode, self.factor, self.patience = monitor, mode, factor, patience
-        self.threshold, self.threshold_mode, self.cooldown, self.min_lr, self.eps = threshold, threshold_mode, cooldown, min_lr, eps
+        self.threshold, self.threshold_mode, self.cooldown = threshold, threshold_mode, cooldown
+        self.min_lr, self.eps = min_lr, eps
         self.verbose = verbose
         self.best, self.bad, self.cooldown_left, self.reductions = (math.inf if mode == 'min' else -math.inf), 0, 0, []
 
     def before_fit(self):
         columns = _columns(self.learn)
         if self.monitor not in columns:
-            raise ValueError(f'ReduceLROnPlateau monitors {self.monitor!r}, which the history will not have: choose one of '
+            raise ValueError(f'ReduceLROnPlateau monitors {self.monitor!r}, which the history will not have: choose '
                              f'{sorted(columns)}')
 
     def _better(self, value):
@@ -266,7 +279,8 @@ class ReduceLROnPlateau(Callback):
             self.cooldown_left, self.bad = self.cooldown, 0
 
     def state_dict(self):
-        return {'best': self.best, 'bad': self.bad, 'cooldown_left': self.cooldown_left, 'reductions': list(self.reductions)}
+        return {'best': self.best, 'bad': self.bad, 'cooldown_left': self.cooldown_left,
+                'reductions': list(self.reductions)}
 
     def load_state_dict(self, state):
         self.best, self.bad, self.cooldown_left = state['best'], state['bad'], state['cooldown_left']
@@ -280,7 +294,7 @@ def _shape(out):
     return type(out).__name__
 
 class Summary:
-    "What `learn.summary()` shows: `layers` (rows), `groups`, `optimizer` groups and totals; HTML in Jupyter, text elsewhere."
+    "What `learn.summary()` shows: `layers`, `groups`, `optimizer` groups and totals; HTML in Jupyter, text elsewhere."
     def __init__(self, model_name, layers, groups, optimizer):
         self.model_name, self.layers, self.groups, self.optimizer = model_name, layers, groups, optimizer
         self.total = sum(r['params'] for r in layers)
@@ -289,8 +303,8 @@ class Summary:
 
     def _tables(self):
         layers = [('layer', 'type', 'output shape', 'params', 'trainable', 'group')] + [
-            (r['name'], r['type'], '' if r['shape'] is None else str(r['shape']), f"{r['params']:,}", f"{r['trainable']:,}",
-             '' if r['group'] is None else str(r['group'])) for r in self.layers]
+            (r['name'], r['type'], '' if r['shape'] is None else str(r['shape']), f"{r['params']:,}",
+             f"{r['trainable']:,}", '' if r['group'] is None else str(r['group'])) for r in self.layers]
         groups = [('group', 'trainable', 'frozen', 'lr')] + [
             (str(i), f'{t:,}', f'{f:,}', '' if lr is None else f'{lr:.3g}') for i, (t, f, lr) in enumerate(self.groups)]
         opt = [('optimizer group', 'tensors', 'lr', 'settings')] + [
@@ -315,7 +329,8 @@ class Summary:
             head = ''.join(f'<th>{escape(c)}</th>' for c in rows[0])
             body = ''.join('<tr>' + ''.join(f'<td>{escape(c)}</td>' for c in r) + '</tr>' for r in rows[1:])
             return f'<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-        return f'<div><b>{escape(self.model_name)}</b>: {escape(self.totals())}' + ''.join(map(table, self._tables())) + '</div>'
+        title = f'<b>{escape(self.model_name)}</b>: {escape(self.totals())}'
+        return f'<div>{title}' + ''.join(map(table, self._tables())) + '</div>'
 
 def _first_batch(learn):
     dl = learn.valid_dl if learn.valid_dl is not None else learn.train_dl
@@ -327,7 +342,7 @@ _SETTINGS = ('weight_decay', 'momentum', 'betas', 'eps')
 
 @patch_to(Learner)
 def summary(learn, batch=None):
-    "Layers with output shapes (for `batch`, default one of the Learner's), parameters per layer and group, optimizer groups."
+    "Layers, output shapes for `batch` (default: one of the Learner's), parameters per layer and group, the optimizer."
     model = _plain(learn.model)
     group_of = {id(p): i for i, g in enumerate(learn.param_groups.groups) for p in g}
     shapes, hooks = {}, []

@@ -69,7 +69,7 @@ class LRFinder(Callback):
 
     def _set_lr(self):
         lr = self.lr_at(self.learn.step - self.start_step)
-        for group in self.learn.opt.param_groups: group['lr'] = lr * group.get('lr_scale', 1.0)  # groups keep their ratios
+        for group in self.learn.opt.param_groups: group['lr'] = lr * group.get('lr_scale', 1.0)  # groups' ratios kept
         return lr
 
     def before_batch(self): self._set_lr()

@@ -178,10 +178,11 @@ class SingleProcess:
 
 # %% ../nbs/00f_parts.ipynb #be1122b0
 def spread_lrs(lr, n):
-    "(base lr, per-group scales) over `n` groups: a number, a `slice(lo, hi)` (geometric), a list, or an object with `lrs(n)`."
+    "(base lr, per-group scales) for `n` groups from a number, `slice(lo, hi)` (geometric), a list, or `x.lrs(n)`"
     if hasattr(lr, 'lrs'): lr = list(lr.lrs(n))
     if isinstance(lr, slice):
-        if lr.step is not None: raise ValueError(f'lr=slice(lo, hi) spreads lrs geometrically and takes no step, got {lr!r}')
+        if lr.step is not None:
+            raise ValueError(f'lr=slice(lo, hi) spreads lrs geometrically and takes no step, got {lr!r}')
         hi = hyperparameter('lr (the slice\'s stop)', lr.stop)
         if lr.start is None: lrs = [hi / 10] * (n - 1) + [hi]
         else:
@@ -212,8 +213,9 @@ def split_params(model, splitter=None):
             if id(p) not in ours: raise ValueError(f'the splitter gave group {i} a parameter that is not the model\'s')
             seen[id(p)] = i
     left = sum(1 for p in model.parameters() if id(p) not in seen)
-    if left: raise ValueError(f'the splitter left {left} of the model\'s parameters in no group: put every parameter in '
-                              'one (e.g. add the rest to the last group), or they would never train')
+    if left:
+        raise ValueError(f'the splitter left {left} of the model\'s parameters in no group: put every parameter in one '
+                         '(e.g. add the rest to the last group), or they would never train')
     return groups
 
 class ParamGroups:
@@ -227,12 +229,12 @@ class ParamGroups:
         self.on_change = None  # the Learner's: under DDP the model is wrapped again for the new trainable set
 
     def freeze_to(self, n, train_norm=None):
-        "Freeze the first `n` groups (negative: all but the last `-n`), train the rest; `train_norm`: norm layers train."
+        "Freeze the first `n` groups (negative: all but the last `-n`), train the rest; `train_norm`: norms train."
         k = len(self.groups)
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not -k < n < k:
-            raise ValueError(f'freeze_to(n) needs an int n with {-k} < n < {k} for {k} parameter groups (the last group '
-                             f'always trains), got {n!r}' + ('' if k > 1 else ': the model is one group; pass splitter= '
-                                                          'to Learner to split it (e.g. splitter=head_body)'))
+            hint = '' if k > 1 else ': the model is one group; split it with Learner(splitter=head_body) or another'
+            raise ValueError(f'freeze_to(n) needs an int n with {-k} < n < {k} for {k} parameter groups '
+                             f'(the last group always trains), got {n!r}' + hint)
         if train_norm is not None: self.train_norm = bool(train_norm)
         self.frozen = int(n) % k
         self.apply()
@@ -256,7 +258,7 @@ class ParamGroups:
 
     def load_state_dict(self, state):
         if state['groups'] != len(self.groups):
-            raise ValueError(f'the checkpoint froze {state["groups"]} parameter groups, this Learner has {len(self.groups)}:'
-                             ' split the model the same way (the same splitter=)')
+            raise ValueError(f'the checkpoint froze {state["groups"]} parameter groups, this Learner has '
+                             f'{len(self.groups)}: split the model the same way (the same splitter=)')
         self.frozen, self.train_norm = state['frozen'], state['train_norm']
         self.apply()

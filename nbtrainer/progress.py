@@ -30,7 +30,7 @@ def format_row(row, keys=None):
     for k in keys:
         v = row.get(k, '')
         text = v if isinstance(v, str) else f'{v:.1f}s' if k == 'time' else f'{v}' if isinstance(v, int) else \
-            ' '.join(f'{x:.2g}' for x in v) if isinstance(v, (list, tuple)) else f'{v:.4g}'  # lists: e.g. the groups' lrs
+            ' '.join(f'{x:.2g}' for x in v) if isinstance(v, (list, tuple)) else f'{v:.4g}'  # e.g. the groups' lrs
         cells.append(f'{text:>{max(len(k), 10)}}')
     return ' '.join(cells)
 

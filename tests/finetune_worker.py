@@ -43,8 +43,8 @@ def main(folder, resume=False, slow=False, plateau=True):
     ema = EMA(decay=DECAY, warmup=WARMUP)
     cbs = [Checkpointer(folder / 'checkpoints', every_steps=2, keep_last=2), ema, Unfreeze()]
     cbs += ([ReduceLROnPlateau(factor=0.5, patience=0, threshold=0.1)] if plateau else []) + ([Slow()] if slow else [])
-    learn = Learner(model, DataLoader(ds, batch_size=16, shuffle=True), DataLoader(ds, batch_size=64), splitter=head_body,
-                    lr=slice(*LRS), metrics=('accuracy',), cbs=cbs, progress=False)
+    learn = Learner(model, DataLoader(ds, batch_size=16, shuffle=True), DataLoader(ds, batch_size=64),
+                    splitter=head_body, lr=slice(*LRS), metrics=('accuracy',), cbs=cbs, progress=False)
     learn.freeze()  # as a script that always starts frozen: a resume past the unfreeze must not stay frozen
     learn.fit(4, eval_every=5, resume=resume)
     history = [{k: v for k, v in row.items() if k != 'time'} for row in learn.recorder.history]

@@ -12,8 +12,8 @@ LAYERS = {
     'callback': BOTTOM, 'checks': BOTTOM, 'data': BOTTOM, 'rng': BOTTOM, 'metrics': BOTTOM, 'layers': BOTTOM,
     'precision': MIDDLE, 'recorder': MIDDLE, 'parts': MIDDLE, 'core': MIDDLE,
     'progress': TOP, 'plotting': TOP, 'checkpoint': TOP, 'loggers': TOP, 'evaluate': TOP, 'diagnose': TOP,
-    'schedule': TOP, 'finetune': TOP, 'lr_finder': TOP, 'liveplot': TOP, 'distributed': TOP, 'control': TOP, 'dashboard': TOP,
-    'demo': TOP, 'testing': TOP, 'early_stopping': TOP, 'track': TOP, 'preemption': TOP, 'fork': TOP,
+    'schedule': TOP, 'lr_finder': TOP, 'liveplot': TOP, 'distributed': TOP, 'control': TOP, 'dashboard': TOP,
+    'demo': TOP, 'testing': TOP, 'early_stopping': TOP, 'track': TOP, 'preemption': TOP, 'fork': TOP, 'finetune': TOP,
 }
 NOT_MODULES = {'__init__', '_modidx'}  # the package's front door imports everything; nbdev's index imports nothing
 UI = ('matplotlib', 'ipywidgets', 'tensorboard', 'IPython', 'tqdm.notebook', 'tqdm.auto')
@@ -125,4 +125,4 @@ def test_the_learner_is_made_of_parts_with_state_dicts():
     learn.fit(1)
     for name, part in learn.parts().items():
         assert callable(part.state_dict) and callable(part.load_state_dict), name
-    assert len(vars(learn)) <= 50, sorted(vars(learn))  # 75 before the loop's state moved into parts (+2: param_groups, reproducibility)
+    assert len(vars(learn)) <= 50, sorted(vars(learn))  # 75 before the loop's state moved into parts

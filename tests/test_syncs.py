@@ -15,8 +15,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from nbtrainer import (EMA, Callback, Checkpointer, CSVLogger, EarlyStopping, Learner, ProgressCallback, ReduceLROnPlateau,
-                       TensorBoardLogger, Tracker, head_body)
+from nbtrainer import (EMA, Callback, Checkpointer, CSVLogger, EarlyStopping, Learner, ProgressCallback,
+                       ReduceLROnPlateau, TensorBoardLogger, Tracker, head_body)
 
 HOST_READS = ('item', 'tolist', '__bool__', '__float__', '__int__', '__index__', 'cpu', 'numpy')
 START, STOP = 20, 60  # the window: batches START..STOP-1 of the first epoch (of 128)
@@ -96,8 +96,9 @@ def learner(reads, tmp_path, precision='fp32', accumulate=1, clip=None, extras=(
     if 'writers' in extras:
         cbs += [CSVLogger(tmp_path / 'log.csv'), TensorBoardLogger(tmp_path / 'tb'), Checkpointer(tmp_path / 'ckpt'),
                 Tracker(tmp_path / 'runs.db'), EarlyStopping(patience=3)]
-    learn = Learner(model(), DataLoader(data(), batch_size=8), DataLoader(data(), batch_size=64), **{'lr': 1e-3, **kwargs},
-                    precision=precision, accumulate=accumulate, clip_grad_norm=clip, progress=False, cbs=cbs)
+    learn = Learner(model(), DataLoader(data(), batch_size=8), DataLoader(data(), batch_size=64),
+                    **{'lr': 1e-3, **kwargs}, precision=precision, accumulate=accumulate, clip_grad_norm=clip,
+                    progress=False, cbs=cbs)
     if 'finetune' in extras: learn.freeze()
     return learn
 
