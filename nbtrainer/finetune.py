@@ -189,7 +189,9 @@ class EMA(Callback):
         return {} if self.averaged is None else {'averaged': self.averaged, 'updates': self.updates}
 
     def load_state_dict(self, state):
-        if not state: return
+        if not state:  # no average yet (e.g. a probe such as lr_find put the Learner back): none again
+            self.averaged, self.updates = None, 0
+            return
         if self.averaged is None: self.averaged = [t.detach().clone() for t in self._live()]
         saved = [t.to(a.device) for t, a in zip(state['averaged'], self.averaged)]
         with torch.no_grad(): torch._foreach_copy_(self.averaged, saved)
@@ -225,8 +227,7 @@ def validate(learn, dl=None, ema=False):
 def _columns(learn):
     "The history columns a fit's evaluations will have (for monitors checked before the first step)."
     names = {'train_loss', *('train_' + metric_name(m) for m in learn.recorder.train_metrics)}
-    if learn.valid_dl is None: return names
-    names |= {'valid_loss', *(metric_name(m) for m in learn.metrics)}
+    names |= {'valid_loss', *(metric_name(m) for m in learn.metrics)}  # a fit without validation data has none of them
     for cb in learn.cbs:
         if isinstance(cb, EMA) and cb.columns:
             names |= {cb.prefix + 'valid_loss', *(cb.prefix + metric_name(m) for m in learn.metrics)}
