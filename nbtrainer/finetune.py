@@ -129,7 +129,7 @@ class EMA(Callback):
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
                 raise ValueError(f'{name} must be an int >= {least}, got {v!r}')
         self.decay, self.every, self.warmup, self.columns = decay, every, warmup, columns
-        self.averaged, self.updates, self._inside = None, 0, False
+        self.averaged, self.updates, self._inside, self._dl = None, 0, False, None
 
     def _live(self): return _tensors(_plain(self.learn.model))
 
@@ -175,13 +175,16 @@ class EMA(Callback):
         "Put the averaged weights in the model for good (e.g. before saving it for inference)."
         with torch.no_grad(): torch._foreach_copy_([t.detach() for t in self._live()], self.averaged)
 
+    def before_validate(self):
+        if not self._inside: self._dl = self.learn.dl  # the evaluation's loader, before DDP shards it
+
     def after_validate(self):
         learn = self.learn
         if not (self.columns and learn.evaluating and not self._inside and self.averaged is not None): return
-        if learn.dl is None: return  # a fit without validation data: no columns to add
+        if self._dl is None: return  # a fit without validation data: no columns to add
         self._inside = True
         try:
-            with self.swapped(): averaged = learn.validate(learn.dl)  # the evaluation's own values stay
+            with self.swapped(): averaged = learn.validate(self._dl)  # the evaluation's own values stay
         finally: self._inside = False
         learn.metric_values.update({self.prefix + k: v for k, v in averaged.items()})  # this evaluation's row's
 

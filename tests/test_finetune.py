@@ -101,26 +101,30 @@ def ddp_model():
 def split3(m): return [m[0], m[2], m[4]]
 
 
+def valid_data(): return ddp_data(45)  # uneven over 2 ranks: one example repeated, weighted 0
+
+
 def train_ddp():
     ds = ddp_data()
     dl = DataLoader(ds, batch_size=B, shuffle=True, generator=torch.Generator().manual_seed(5))
     ema = EMA(decay=0.8)
-    learn = Learner(ddp_model(), dl, opt_func=torch.optim.AdamW, lr=slice(1e-3, 5e-2), splitter=split3, metrics=(),
-                    progress=False, cbs=[ema])
+    learn = Learner(ddp_model(), dl, DataLoader(valid_data(), batch_size=8), opt_func=torch.optim.AdamW,
+                    lr=slice(1e-3, 5e-2), splitter=split3, metrics=(), progress=False, cbs=[ema])
     learn.freeze_to(2)
     learn.fit(1)
     learn.freeze_to(1)
     learn.fit(1)
     learn.unfreeze()
     learn.fit(1)
-    return {k: v.clone() for k, v in learn.model.module.state_dict().items()}, [a.clone() for a in ema.averaged]
+    weights = {k: v.clone() for k, v in learn.model.module.state_dict().items()}
+    return weights, [a.clone() for a in ema.averaged], learn.recorder.history[-1]
 
 
 def test_freezing_on_two_ranks_equals_a_one_process_hand_loop():
     "DDP is wrapped anew when the trainable set changes: without it the reducer waits for gradients that never come."
     from test_distributed import global_batches
     import test_distributed as td
-    weights, averaged = launch(train_ddp, nprocs=2)
+    weights, averaged, row = launch(train_ddp, nprocs=2)
     saved = td.B, td.SEED, td.dataset
     td.B, td.SEED, td.dataset = B, 5, lambda n, seed=0: ddp_data(n)
     try: ds, epochs = global_batches(48, 3)
@@ -143,6 +147,11 @@ def test_freezing_on_two_ranks_equals_a_one_process_hand_loop():
                 for a, t in zip(avg, tensors): a -= (1 - 0.8) * (a - t)
     for k, v in model.state_dict().items(): torch.testing.assert_close(weights[k], v, rtol=1e-5, atol=1e-6)
     for a, b in zip(averaged, avg): torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    x, y = valid_data().tensors  # the row's losses: every validation example once, raw weights and the average
+    with torch.no_grad():
+        assert row['valid_loss'] == pytest.approx(F.cross_entropy(model(x), y).item(), rel=1e-5)
+        for p, a in zip(model.parameters(), avg): p.copy_(a)
+        assert row['ema_valid_loss'] == pytest.approx(F.cross_entropy(model(x), y).item(), rel=1e-5)
 
 
 def test_fp16_skipped_steps_are_left_out_of_the_ema():
