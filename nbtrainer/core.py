@@ -36,7 +36,8 @@ def patch_to(cls, as_prop=False):
     return attach
 
 # %% ../nbs/00_core.ipynb #4aeee923
-RESERVED_COLUMNS = ('epoch', 'batch', 'step', 'lr', 'loss', 'train_loss', 'valid_loss', 'grad_norm', 'skipped_steps', 'time')
+RESERVED_COLUMNS = ('epoch', 'batch', 'step', 'lr', 'lrs', 'loss', 'train_loss', 'valid_loss', 'grad_norm', 'skipped_steps',
+                    'time')
 REGRESSION_LOSSES = (F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss)
 
 def _distributed_run():
