@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 from .callback import CancelFitException
 from .checks import hyperparameter
 from .data import batch_sizes, loader_length, skip_batches
+from .layers import GhostBatchNorm
 from .rng import rng_state, set_rng_state
 
 # %% ../nbs/00f_parts.ipynb #1c0aee42
@@ -197,7 +198,7 @@ def spread_lrs(lr, n):
     return base, [v / base for v in lrs[:-1]] + [1.0]
 
 # %% ../nbs/00f_parts.ipynb #74e1d604
-_NORMS = tuple(t for t in (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm,
+_NORMS = tuple(t for t in (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm, GhostBatchNorm,
                            getattr(torch.nn, 'RMSNorm', None)) if t is not None)
 
 def split_params(model, splitter=None):
