@@ -292,7 +292,7 @@ class DistributedTrainer(SingleProcess, Callback):
         "Make the step's and the batch's example counts global, divided by the world size: DDP averages the ranks' gradients."
         window, dl = learn.window, learn.train_dl
         learn.model.require_backward_grad_sync = not window.accumulating  # no_sync inside a window
-        if self._global_sizes and not self._user_weights:  # from the sampler: no communication
+        if self._global_sizes and not self._user_weights and learn.tokens is None:  # from the sampler: no communication
             window.batch_examples = global_batch_size(dl, learn.iter) / self.world
             if window.index == 0:
                 window.step_examples = sum(global_batch_size(dl, i) for i in range(learn.iter, learn.iter + window.size)) / self.world
