@@ -6,10 +6,10 @@ Docs: https://nbtrainer.github.io/nbtrainer/metrics.html.md"""
 
 # %% auto #0
 __all__ = ['IGNORE_INDEX', 'CLASS_METRICS', 'MULTILABEL_METRICS', 'REGRESSION_METRICS', 'Metric', 'state_leaves', 'metric_name',
-           'as_float', 'class_dim', 'is_token_target', 'is_multilabel', 'class_scores', 'Mean', 'example_losses',
-           'Loss', 'Perplexity', 'label_decisions', 'Accuracy', 'ExactMatch', 'TopKAccuracy', 'ConfusionMatrix',
-           'safe_ratio', 'Precision', 'Recall', 'F1', 'MCC', 'MAE', 'MSE', 'RMSE', 'R2', 'describe_task',
-           'FunctionMetric', 'takes_probabilities', 'get_metric']
+           'as_float', 'computed', 'class_dim', 'is_token_target', 'is_multilabel', 'class_scores', 'Mean',
+           'example_losses', 'Loss', 'Perplexity', 'label_decisions', 'Accuracy', 'ExactMatch', 'TopKAccuracy',
+           'ConfusionMatrix', 'safe_ratio', 'Precision', 'Recall', 'F1', 'MCC', 'MAE', 'MSE', 'RMSE', 'R2',
+           'describe_task', 'FunctionMetric', 'takes_probabilities', 'get_metric']
 
 # %% ../nbs/01_metrics.ipynb #dcc29123
 import math, re
@@ -46,6 +46,12 @@ def metric_name(m):
 def as_float(v):
     "A one-element tensor as a Python number; anything else (a confusion matrix, a float) as it is."
     return v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v
+
+def computed(metric):
+    "`metric.compute()` as a number; an error in it says which metric raised, not only what."
+    try: return as_float(metric.compute())
+    except Exception as e:
+        raise RuntimeError(f'metric {metric_name(metric)!r} failed in compute(): {type(e).__name__}: {e}') from e
 
 def _sum_dtype(device):
     "float64 for exact sums; MPS has no float64"
@@ -176,6 +182,7 @@ class Loss(Mean):
 
 class Perplexity(Loss):
     "`exp` of the mean cross-entropy."
+    family = "perplexity"
     def __init__(self, loss_func=F.cross_entropy, name="perplexity"): super().__init__(loss_func, name)
 
     def compute(self):
@@ -191,7 +198,7 @@ def label_decisions(pred, target, weight, threshold):
 
 class Accuracy(Metric):
     "Fraction of examples whose argmax prediction equals the target; multi-label: of labels right (1 - Hamming loss)."
-    name = "accuracy"
+    name = family = "accuracy"  # family: the built-in name, which `describe_task` lists for the tasks it fits
     states = ("hits", "total")
     threshold = 0.0  # a binary or multi-label output is positive above it: 0 for logits, 0.5 for probabilities
     def reset(self): self.hits, self.total = None, 0
@@ -224,7 +231,7 @@ class Accuracy(Metric):
 
 class ExactMatch(Accuracy):
     "Multi-label: the fraction of examples with every label right (scikit-learn's `accuracy_score`)."
-    name = "exact_match"
+    name = family = "exact_match"
     def _labels_hit(self, predicted, truth): return (predicted == truth).all(dim=1, keepdim=True)
 
     def update(self, pred, target, weight=None):
@@ -236,7 +243,7 @@ class ExactMatch(Accuracy):
 class TopKAccuracy(Accuracy):
     "Fraction of examples whose target is among the `k` highest scores."
     def __init__(self, k=5):
-        self.k, self.name = k, f"top_{k}_accuracy"
+        self.k, self.name, self.family = k, f"top_{k}_accuracy", "top_k_accuracy"
         super().__init__()
 
     def update(self, pred, target, weight=None):
@@ -318,7 +325,7 @@ class _Averaged(_FromConfusion):
     def __init__(self, average="macro"):
         if average not in ("macro", "weighted"):
             raise ValueError(f"average must be 'macro' or 'weighted', got {average!r}")
-        self.average, self.name = average, f"{self.kind}_{average}"
+        self.average, self.name, self.family = average, f"{self.kind}_{average}", self.kind
         super().__init__()
 
     def _score(self, counts):
@@ -351,7 +358,7 @@ class F1(_Averaged):
 # %% ../nbs/01_metrics.ipynb #7f52aeb0
 class MCC(_FromConfusion):
     "Multiclass Matthews correlation coefficient."
-    name = "mcc"
+    name = family = "mcc"
     def update(self, pred, target, weight=None):
         if is_multilabel(pred, target):
             raise ValueError(f"mcc is for single-label classes, but these targets are multi-label (shape "
@@ -397,22 +404,22 @@ class _Regression(Metric):
 
 class MAE(_Regression):
     "Mean absolute error."
-    name = "mae"
+    name = family = "mae"
     def _score(self, w, abs_error, sq_error, y, y2): return abs_error / w
 
 class MSE(_Regression):
     "Mean squared error."
-    name = "mse"
+    name = family = "mse"
     def _score(self, w, abs_error, sq_error, y, y2): return sq_error / w
 
 class RMSE(_Regression):
     "Root mean squared error (per output, then averaged, as scikit-learn)."
-    name = "rmse"
+    name = family = "rmse"
     def _score(self, w, abs_error, sq_error, y, y2): return (sq_error / w).sqrt()
 
 class R2(_Regression):
     "Coefficient of determination, 1 - SSE / SST (per output, then averaged, as scikit-learn)."
-    name = "r2"
+    name = family = "r2"
     def _score(self, w, abs_error, sq_error, y, y2):
         total = (y2 - y * y / w).clamp(min=0)
         constant = total <= 1e-12 * y2.abs().clamp(min=1)  # a constant target: sklearn's force_finite rule

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .callback import Callback, CancelBatchException, NonFiniteLossError, Order
-from .metrics import as_float, metric_name, state_leaves
+from .metrics import computed, metric_name, state_leaves
 
 # %% ../nbs/00d_recorder.ipynb #bab41fcf
 class Column(Sequence):
@@ -140,7 +140,7 @@ class Recorder(Callback):
         self.flush()
         (total, n), self.since_row = self.since_row, [0.0, 0]
         learn = self.learn
-        train = {'train_' + metric_name(m): as_float(m.compute()) for m in self.train_metrics}
+        train = {'train_' + metric_name(m): computed(m) for m in self.train_metrics}
         for m in self.train_metrics: m.reset()
         row = {'epoch': learn.epoch, 'step': learn.step, 'train_loss': total / n if n else math.nan, **train,
                **learn.metric_values, 'lr': learn.opt.param_groups[0]['lr']}
