@@ -117,6 +117,7 @@ class Learner:
         self.metrics = self._make_metrics(self._default_metrics() if metrics is None else metrics)
         self.valid_loss = Mean()
         self._lr, self.opt = hyperparameter('lr', lr), None
+        self.lr_note = None  # why learn.lr is no lr to train at (lr_find found no descent); setting lr clears it
         self.create_opt()
         self.training = self.fitting = self.evaluating = False
         self.grad_norm, self.eval_prefix, self.eval_row, self.model_output = None, '', None, None
@@ -274,6 +275,7 @@ class Learner:
     @lr.setter
     def lr(self, value):
         self._lr = hyperparameter('lr', value)  # the one check every learning rate goes through
+        self.lr_note = None
         for group in self.opt.param_groups: group['lr'] = self._lr
 
     # ---- one batch: the steps a subclass overrides ----
@@ -601,7 +603,7 @@ class Learner:
             self.model.train(mode)
 
     # ---- snapshots: tools that train and must leave no trace ----
-    _SNAPSHOT_ATTRS = ('cbs', 'valid_dl', '_lr', 'training', 'fit_outcome', 'fit_exception', 'grad_norm', 'eval_row',
+    _SNAPSHOT_ATTRS = ('cbs', 'valid_dl', '_lr', 'lr_note', 'training', 'fit_outcome', 'fit_exception', 'grad_norm', 'eval_row',
                        'metric_values', 'eval_prefix')
 
     def snapshot(self):

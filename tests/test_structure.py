@@ -89,7 +89,7 @@ def test_bottom_and_middle_import_no_ui_even_lazily():
 # through a part (`learn.progress.step`, `learn.window.step_examples`, ...) or through these public setters, which the
 # docs name as what callbacks may change: the batch under way (nbs/00_core.ipynb, "What callbacks can read"), the lr and
 # the loaders. `controls` is the running fit's Controls, which nbtrainer.control registers for the dashboard.
-PUBLIC_SETTERS = {'lr', 'train_dl', 'valid_dl', 'batch', 'xb', 'yb', 'pred', 'loss', 'loss_grad', 'controls'}
+PUBLIC_SETTERS = {'lr', 'lr_note', 'train_dl', 'valid_dl', 'batch', 'xb', 'yb', 'pred', 'loss', 'loss_grad', 'controls'}
 OWNERS = {'core', 'parts'}
 
 
