@@ -493,8 +493,9 @@ class Learner:
                         self('before_epoch')
                         self._epoch()
                     progress.next_epoch()
-                if progress.eval_every and progress.step != progress.last_eval_step: self._evaluate()
-                if self.eval_prefix: self._evaluate(self.valid_dl, '')  # the full validation set, once, at the end
+                with progress.after_last_epoch():  # an evaluation after the epochs ran: labelled with the last
+                    if progress.eval_every and progress.step != progress.last_eval_step: self._evaluate()
+                    if self.eval_prefix and not self._full_row(): self._evaluate(self.valid_dl, '')  # once, at the end
                 self.fit_outcome = 'finished'
             except CancelFitException as e:
                 self.fit_outcome = 'preempted' if isinstance(e, PreemptedException) else 'stopped'
@@ -521,10 +522,17 @@ class Learner:
         "One of the fit's evaluations (`learn.evaluating`): validate, add a history row, fire `after_eval`."
         self.progress.last_eval_step, self.evaluating = self.step, True
         try:
-            self._run_validate(self._eval_dl if dl is None else dl, prefix=self.eval_prefix if prefix is None else prefix)
+            values = self._run_validate(self._eval_dl if dl is None else dl, prefix=self.eval_prefix if prefix is None else prefix)
+            if dl is None and self.eval_prefix and self.progress.fit_ends_now():  # the fit's last: the full set as well
+                self.metric_values = {**values, **self._run_validate(self.valid_dl)}
             self.eval_row = self.recorder.add_row()
             self('after_eval')
         finally: self.evaluating = False
+
+    def _full_row(self):
+        "Does the last history row hold this step's evaluation on the full validation set?"
+        row = self.eval_row
+        return row is not None and row.get('step') == self.step and 'valid_loss' in row
 
     def _run_validate(self, dl, collect=None, prefix=''):
         saved = self.training, getattr(self, 'dl', None), getattr(self, 'iter', None), self._check_next
