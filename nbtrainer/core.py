@@ -115,7 +115,7 @@ class Learner:
                             f'got {loss_func!r}')
         self.loss_func, self.opt_func = loss_func, opt_func
         self.metrics = self._make_metrics(self._default_metrics() if metrics is None else metrics)
-        self.valid_loss = Mean()
+        self.valid_loss = Mean(track_nonfinite=True)
         self._lr, self.opt = hyperparameter('lr', lr), None
         self.lr_note = None  # why learn.lr is no lr to train at (lr_find found no descent); setting lr clears it
         self.create_opt()
@@ -556,6 +556,10 @@ class Learner:
                     values = {'valid_loss': self.valid_loss.compute(),
                               **{metric_name(m): computed(m) for m in self.metrics}}
                     self.metric_values = {self._prefix + k: v for k, v in values.items()}
+                    if not math.isfinite(values['valid_loss']) and (bad := self.valid_loss.first_nonfinite()) is not None:
+                        warnings.warn(f'valid_loss is {values["valid_loss"]}: batch {bad} of the validation '
+                                      'loader is the first whose loss is not finite. Its inputs or targets may hold NaN or '
+                                      'inf (torch.isfinite finds them), or the model overflows on it', stacklevel=2)
         finally:
             training, self.dl, self.iter, self._check_next = saved
             self._set_phase(training)

@@ -112,11 +112,22 @@ def class_scores(pred, target, weight=None, pivot=0.0):
 class Mean(Metric):
     "Weighted mean of scalar values (0-d tensors or floats); `weight` is a Python number such as the batch size, or a 0-d tensor."
     states = ("total", "weight")
-    def __init__(self, name="mean"):
-        self.name = name
+    def __init__(self, name="mean", track_nonfinite=False):
+        self.name, self.track_nonfinite = name, track_nonfinite
         super().__init__()
 
-    def reset(self): self.total, self.weight = None, 0
+    def reset(self): self.total, self.weight, self.updates, self.first_bad = None, 0, 0, None
+
+    def _note_nonfinite(self, value):
+        "With `track_nonfinite`: the index of the first update whose value is NaN or inf, kept on the device."
+        if self.first_bad is None: self.first_bad = torch.full((), -1, device=self.total.device)
+        bad = ~torch.isfinite(value) & (self.first_bad < 0)
+        self.first_bad = torch.where(bad, self.updates, self.first_bad)
+        self.updates += 1
+
+    def first_nonfinite(self):
+        "The index of the first update whose value was NaN or inf (a host read), or None."
+        return None if self.first_bad is None or int(self.first_bad) < 0 else int(self.first_bad)
 
     def _init_total(self, device):
         if self.total is None:  # created lazily, on the device of the first value
@@ -130,6 +141,7 @@ class Mean(Metric):
     def update(self, value, weight=1):
         self._init_total(value.device if torch.is_tensor(value) else "cpu")
         if not torch.is_tensor(value): value = torch.tensor(value, device=self.total.device)
+        if self.track_nonfinite: self._note_nonfinite(value.detach())
         if torch.is_tensor(weight):  # a 0-d device tensor: summed on the device
             if weight.ndim != 0: raise ValueError(f"Mean's weight must be a number or a 0-d tensor, got shape {tuple(weight.shape)}")
             weight = weight.detach().to(device=self.total.device, dtype=self.total.dtype)
