@@ -8,7 +8,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/diagnose.html.md"""
 __all__ = ['REMEDIES', 'DataWaitWarning', 'DataWait', 'DevicePrefetcher']
 
 # %% ../nbs/10_diagnose.ipynb #4fd4b345
-import math, time, warnings
+import inspect, math, time, warnings
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
@@ -126,6 +126,9 @@ class DevicePrefetcher:
 
     def __init__(self, loader, device):
         self.loader, self.device = loader, torch.device(device)
+
+    __signature__ = inspect.Signature([inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                                       for name in ('loader', 'device')])  # help() shows __init__'s, not __new__'s
 
     def __getattr__(self, name):  # dataset, batch_size, sampler, generator...: the loader's
         if name == 'loader': raise AttributeError(name)  # not yet set (copy, unpickling): no recursion

@@ -35,6 +35,15 @@ class Report:
 
     def __len__(self): return len(self.rows)
 
+    def __getitem__(self, key):
+        "`report[i]`: row i (a dict); `report['column']`: that column's values; `report[a:b]`: a Report of those rows."
+        if isinstance(key, str):
+            if key not in self.columns: raise KeyError(f'no column {key!r}: the columns are {self.columns}')
+            return [row.get(key) for row in self.rows]
+        return Report(self.rows[key]) if isinstance(key, slice) else self.rows[key]
+
+    def __iter__(self): return iter(self.rows)
+
     def __str__(self):
         cols = self.columns
         cells = [[_cell(row.get(c)) for c in cols] for row in self.rows]
