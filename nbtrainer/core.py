@@ -20,7 +20,7 @@ from .callback import (CANCEL_EXCEPTIONS, CancelBackwardException, CancelBatchEx
                                 PreemptedException, add_note, as_callback, dispatch_tables)
 from .checks import hyperparameter
 from .data import batch_size, loader_length, resolve_device, subset_loader, to_device
-from .metrics import (IGNORE_INDEX, Mean, class_dim, computed, describe_task, example_losses,
+from .metrics import (IGNORE_INDEX, Mean, Metric, class_dim, computed, describe_task, example_losses,
                                get_metric, metric_name)
 from .parts import Accumulation, FitProgress, SingleProcess, TrainPass
 from .precision import MixedPrecision
@@ -389,7 +389,8 @@ class Learner:
         sizes = self.data_pass.sizes
         if sizes is not None and self.weights is None and self.tokens is None:
             return sum(sizes(i) for i in range(self.iter, self.iter + n))
-        return n * (self.bs if self.tokens is not None else batch_size(self.yb if self.yb is not None else self.xb))
+        # an estimate in examples, the same on every rank (tokens are not): the step rescales to what backward saw
+        return n * batch_size(self.yb if self.yb is not None else self.xb)
 
     def _step(self):
         "The optimizer step of a finished window, with its events, then `zero_grad`."
@@ -586,9 +587,13 @@ class Learner:
     def update_metrics(self, metrics):
         "Update `metrics` with this batch: its predictions and targets as the loss pairs them, and its weights."
         pred, target = self.metric_inputs()
+        kept = None
         for m in metrics:
             if self.weights is None: m.update(pred, target)
-            else: m.update(pred, target, weight=self.weights)
+            elif isinstance(m, Metric): m.update(pred, target, weight=self.weights)
+            else:  # another library's metric (torchmetrics) takes no weights: padding rows (weight 0) left out
+                if kept is None: kept = pred[self.weights != 0], target[self.weights != 0]  # a sync: weighted batches only
+                if len(kept[1]): m.update(*kept)  # a batch of padding alone: nothing to add
 
     def validate(self, dl=None):
         "Evaluate on `dl` (default: `valid_dl`) and return {metric name: value}, `valid_loss` included."
@@ -753,8 +758,7 @@ class Learner:
             try:
                 probe = copy.deepcopy(m)
                 probe.reset()
-                if self.weights is None: probe.update(pred.detach(), target)
-                else: probe.update(pred.detach(), target, weight=self.weights)
+                self.update_metrics([probe])
             except Exception as e: raise ValueError(self._unfit_metric(m, pred, target, f'{type(e).__name__}: {e}')) from e
             family = getattr(m, 'family', None)  # a built-in metric's kind: does it fit this kind of task?
             if family is not None and (fits := describe_task(pred, target)[1]) and family not in fits:
