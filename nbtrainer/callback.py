@@ -76,6 +76,9 @@ def as_callback(cb):
     "A callback from what `cbs=` accepts: a `Callback` (or any object with event methods), a class to instantiate, or a function."
     if isinstance(cb, type): return cb()
     if callable(cb) and not any(callable(getattr(cb, e, None)) for e in EVENTS): return FunctionCallback(cb)
+    if not (isinstance(cb, Callback) or any(callable(getattr(cb, e, None)) for e in EVENTS)):
+        raise TypeError(f'cbs= takes callbacks: Callback objects or classes, objects with event methods such as '
+                        f'after_batch, or functions f(learn, event); got {cb!r} ({type(cb).__name__}), which has none')
     return cb
 
 # %% ../nbs/00a_callback.ipynb #bdb54f18

@@ -19,7 +19,7 @@ from .callback import Callback, Order
 from .checks import writable_folder
 from .core import Learner, patch_to
 from .data import data_fingerprint, examples_digest
-from .recorder import Recorder, monitored_value
+from .recorder import Recorder, check_monitor, monitored_value
 
 # %% ../nbs/08_checkpoint.ipynb #f5e5cb7c
 FORMAT = 'nbtrainer-checkpoint-3'
@@ -340,15 +340,17 @@ class Checkpointer(Callback):
     BATCHES = 'batches.f64'  # the append-only side file of the Recorder's per-batch rows, in the folder
     LOCK = '.lock'  # held by the process that writes the folder
 
-    def __init__(self, folder=None, every_steps=None, every_epoch=True, keep_last=2, monitor='valid_loss', mode='min',
+    def __init__(self, folder=None, every_steps=None, every_epoch=True, keep_last=2, monitor=None, mode='min',
                  keep_best=1, every_eval=False, keep_evals=None):
         if mode not in ('min', 'max'): raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
         self.every_steps = _count('every_steps', every_steps, 1)
         self.keep_last, self.keep_best = _count('keep_last', keep_last, 0), _count('keep_best', keep_best, 0)
         self.every_eval, self.keep_evals = bool(every_eval), _count('keep_evals', keep_evals, 1)
-        if not isinstance(monitor, str): raise ValueError(f'monitor must be the name of a history column, got {monitor!r}')
+        if not isinstance(monitor, (str, type(None))):
+            raise ValueError(f'monitor must be the name of a history column, got {monitor!r}')
+        self._monitor_asked = monitor  # None: valid_loss, or train_loss in a fit without validation data
         self._folder = None if folder is None else Path(folder)
-        self.every_epoch, self.monitor, self.mode = bool(every_epoch), monitor, mode
+        self.every_epoch, self.monitor, self.mode = bool(every_epoch), monitor or 'valid_loss', mode
         self.last, self.kept_best, self.evals = [], [], []  # [name]; [(score, name, row)], best first; [name]: in the folder
         self._lock = None
 
@@ -365,6 +367,7 @@ class Checkpointer(Callback):
     def _path(self, name): return self.folder / name
 
     def before_fit(self):
+        if self.keep_best: self.monitor = check_monitor(self.learn, 'Checkpointer', self._monitor_asked)
         if not self.learn.main_process: return  # under DDP rank 0 alone writes
         self._folder = self.folder  # fixed for the fit, whatever it changes
         writable_folder(self._folder, type(self).__name__)  # now, not at the first save after an epoch of training

@@ -152,8 +152,8 @@ class Controls(Callback):
 
 # %% ../nbs/16_control.ipynb #785da648
 @patch_to(Learner)
-def fit_async(learn, epochs=None, *, steps=None, eval_every=None, eval_subset=None, cbs=(), lr=None,
-              reset_opt=False, resume=None):
+def fit_async(learn, epochs=None, *, steps=None, steps_per_epoch=None, eval_every=None, eval_subset=None, cbs=(), lr=None,
+              reset_opt=False, resume=None, allow_changes=None):
     "Start `fit` in a worker thread and return, once it has begun, an awaitable of its result: `await` it to wait, or let it train in the background."
     if learn.fitting: raise RuntimeError('a fit is already running on this Learner: wait for it to end, or stop it first')
     controls = next((cb for cb in learn.cbs if isinstance(cb, Controls)), None)  # the Learner's own, if any
@@ -162,8 +162,9 @@ def fit_async(learn, epochs=None, *, steps=None, eval_every=None, eval_subset=No
 
     def work():
         _RUNNING.add(controls)  # the kernel's interrupt button ends it, even in the background
-        try: done.set_result(learn.fit(epochs, steps=steps, eval_every=eval_every, eval_subset=eval_subset,
-                                       cbs=[*cbs, *own, _Started(started)], lr=lr, reset_opt=reset_opt, resume=resume))
+        try: done.set_result(learn.fit(epochs, steps=steps, steps_per_epoch=steps_per_epoch, eval_every=eval_every,
+                                       eval_subset=eval_subset, cbs=[*cbs, *own, _Started(started)], lr=lr,
+                                       reset_opt=reset_opt, resume=resume, allow_changes=allow_changes))
         except BaseException as e: done.set_exception(e)
         finally:
             _RUNNING.discard(controls)

@@ -8,7 +8,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/diagnose.html.md"""
 __all__ = ['REMEDIES', 'DataWaitWarning', 'DataWait', 'DevicePrefetcher']
 
 # %% ../nbs/10_diagnose.ipynb #4fd4b345
-import math, time, warnings
+import inspect, math, time, warnings
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
@@ -89,17 +89,23 @@ class DataWait(Callback):
         step = sum(self.clock.seconds(start, end) for _, start, end in self.steps)
         return wait / (wait + step) if wait + step > 0 else math.nan
 
-    def _show(self):
+    MIN_STEPS = 5  # a fit shorter than the window is judged at its end, over at least this many steps
+
+    def _show(self, fit_end=False):
         share = self.data_wait_share
         if math.isnan(share): return
         self.learn.status['data wait'] = f'{share:.0%}'
-        if not self.warned and len(self.steps) == self.window and share > self.threshold:
+        judged = len(self.steps) == self.window or (fit_end and len(self.steps) >= self.MIN_STEPS)
+        if not self.warned and judged and share > self.threshold:
             self.warned = True
-            warnings.warn(f'training waited for data {share:.0%} of the time over the last {self.window} steps '
+            over = f'the last {self.window} steps' if len(self.steps) == self.window else f"the fit's {len(self.steps)} steps"
+            warnings.warn(f'training waited for data {share:.0%} of the time over {over} '
                           f'(DataWait threshold {self.threshold:.0%}): the model is input-bound.\n{REMEDIES}',
                           DataWaitWarning, stacklevel=2)
 
-    def after_fit(self): self.learn.status.pop('data wait', None)  # the figure belongs to this callback's fits
+    def after_fit(self):
+        self._show(fit_end=True)  # a fit shorter than the window is judged now
+        self.learn.status.pop('data wait', None)  # the figure belongs to this callback's fits
 
 # %% ../nbs/10_diagnose.ipynb #476aed77
 def _map_tensors(f, batch):
@@ -120,6 +126,9 @@ class DevicePrefetcher:
 
     def __init__(self, loader, device):
         self.loader, self.device = loader, torch.device(device)
+
+    __signature__ = inspect.Signature([inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                                       for name in ('loader', 'device')])  # help() shows __init__'s, not __new__'s
 
     def __getattr__(self, name):  # dataset, batch_size, sampler, generator...: the loader's
         if name == 'loader': raise AttributeError(name)  # not yet set (copy, unpickling): no recursion
@@ -162,8 +171,8 @@ class _StepProfiler(Callback):
     def after_batch(self): self.prof.step()
 
 @patch_to(Learner)
-def profile(learn, steps=20, path='runs/trace.json', warmup=2):
-    "Profile `steps` real training steps after `warmup` ones; write a Chrome/Perfetto trace to `path`. State is restored."
+def profile(learn, steps=20, path='runs/trace.json', warmup=2, table=False):
+    "Profile `steps` real training steps after `warmup` ones; write a Chrome/Perfetto trace to `path`. State is restored; `table=True` prints the top ops."
     from torch.profiler import ProfilerActivity, schedule
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if learn.device.type == 'cuda' else [])
     path = Path(path)
@@ -172,5 +181,5 @@ def profile(learn, steps=20, path='runs/trace.json', warmup=2):
                                 schedule=schedule(wait=0, warmup=warmup, active=steps, repeat=1)) as prof:
         learn.probe(warmup + steps, cbs=[_StepProfiler(prof)])
     prof.export_chrome_trace(str(path))
-    print(prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=15))
+    if table: print(prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=15))  # or: prof.key_averages()
     return prof

@@ -8,7 +8,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/distributed.html.md"""
 __all__ = ['DEFAULT_TIMEOUT', 'is_distributed', 'rank', 'world_size', 'is_main_process', 'init_distributed', 'barrier',
            'broadcast_object', 'rank_seed', 'seed_rank_streams', 'shard_loader', 'padded_position', 'global_batch_size',
            'sync_metrics', 'gather_metrics', 'sync_training_stats', 'hold_training_stats_on_rank_0',
-           'sync_batchnorm_stats', 'request_stop', 'DistributedTrainer', 'launch']
+           'sync_batchnorm_stats', 'request_stop', 'identical_on_every_rank', 'DistributedTrainer', 'launch']
 
 # %% ../nbs/15_distributed.ipynb #55073010
 import atexit, codecs, datetime, inspect, io, os, pickle, random, re, select, socket, sys, time, warnings, weakref
@@ -225,6 +225,21 @@ def request_stop(learn):
     "From a callback: end the fit. One process: `CancelFitException` now. DDP: every rank raises it at the same batch, soon."
     learn.strategy.request_stop()
 
+def _fingerprint(t):
+    "Two sums of a tensor's values, plain and position-weighted: equal batches give equal pairs."
+    f = t.detach().double().flatten()
+    return torch.stack([f.sum(), (f * torch.arange(1, f.numel() + 1, device=f.device, dtype=f.dtype)).sum()])
+
+def identical_on_every_rank(batch):
+    "Is `batch` the same on every rank? Compared by a fingerprint of its tensors, in one all-gather."
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else [batch]
+    tensors = [t for t in items if torch.is_tensor(t)]
+    if not tensors: return False
+    mine = torch.cat([_fingerprint(t) for t in tensors])
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return all(torch.equal(every[0], other) for other in every[1:])
+
 class DistributedTrainer(SingleProcess, Callback):
     "The DDP strategy: wraps the model, shards loaders, masks sampler padding, counts the global batch, syncs metrics and stops all ranks together."
     order, distributed = Order.DEFAULT, True
@@ -292,7 +307,7 @@ class DistributedTrainer(SingleProcess, Callback):
         "Make the step's and the batch's example counts global, divided by the world size: DDP averages the ranks' gradients."
         window, dl = learn.window, learn.train_dl
         learn.model.require_backward_grad_sync = not window.accumulating  # no_sync inside a window
-        if self._global_sizes and not self._user_weights:  # from the sampler: no communication
+        if self._global_sizes and not self._user_weights and learn.tokens is None:  # from the sampler: no communication
             window.batch_examples = global_batch_size(dl, learn.iter) / self.world
             if window.index == 0:
                 window.step_examples = sum(global_batch_size(dl, i) for i in range(learn.iter, learn.iter + window.size)) / self.world
@@ -324,6 +339,16 @@ class DistributedTrainer(SingleProcess, Callback):
     def before_fit(self):
         self.stop_requested, self.learn.recorder.nonfinite, self._since_check = False, None, 0
         self._unsynced = False  # gradients accumulated under no_sync that no synced backward has averaged yet
+        self._compare_first_batch = not isinstance(getattr(self.learn.train_dl, 'sampler', None), DistributedSampler)
+
+    def before_batch(self):
+        if not (self.learn.training and self._compare_first_batch): return
+        self._compare_first_batch = False  # once per fit: one small all-gather
+        if identical_on_every_rank(self.learn.batch):
+            warnings.warn('every rank got the same first training batch: the training loader is not sharded by rank '
+                          '(an IterableDataset must split its stream itself, e.g. by nbtrainer.rank() and '
+                          'world_size(), or by torch.utils.data.get_worker_info()), so the ranks train on the same '
+                          'examples and the world adds nothing', stacklevel=2)
 
     def before_train(self):
         dl = self.learn.train_dl

@@ -11,19 +11,20 @@ __all__ = ['EarlyStopping']
 import math
 
 from .callback import Callback, CancelFitException, Order
-from .recorder import monitored_value
+from .recorder import check_monitor, monitored_value
 
 # %% ../nbs/08a_early_stopping.ipynb #fbd34679
 class EarlyStopping(Callback):
     "Stop the fit when `monitor` has not improved by more than `min_delta` for `patience` evaluations."
     order = Order.SAVE + 5  # after a Checkpointer has saved this evaluation's best
 
-    def __init__(self, monitor='valid_loss', mode='min', patience=3, min_delta=0.0, restore_best=False):
+    def __init__(self, monitor=None, mode='min', patience=3, min_delta=0.0, restore_best=False):
         if mode not in ('min', 'max'): raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        if not (isinstance(patience, int) and patience >= 1): raise ValueError(f'patience must be an int >= 1, got {patience!r}')
+        if not (isinstance(patience, int) and patience >= 0): raise ValueError(f'patience must be an int >= 0, got {patience!r}')
         if not (isinstance(min_delta, (int, float)) and math.isfinite(min_delta) and min_delta >= 0):
             raise ValueError(f'min_delta must be a finite number >= 0, got {min_delta!r}')
         self.monitor, self.mode, self.patience, self.min_delta, self.restore_best = monitor, mode, patience, min_delta, restore_best
+        self._monitor_asked, self.monitor = monitor, monitor or 'valid_loss'  # None: valid_loss, or train_loss without validation
         self._reset()
         self._restored = False
 
@@ -41,6 +42,7 @@ class EarlyStopping(Callback):
                      and cb.monitor == self.monitor and cb.mode == self.mode), None)
 
     def before_fit(self):
+        self.monitor = check_monitor(self.learn, 'EarlyStopping', self._monitor_asked)
         if not self._restored: self._reset()  # a new fit starts a new count; a resumed one continues it
         self._restored = False
 
@@ -53,11 +55,12 @@ class EarlyStopping(Callback):
             if self.restore_best and self._checkpointer() is None:
                 self.best_weights = {k: v.detach().clone() for k, v in learn.model.state_dict().items()}
         else: self.wait += 1
-        stop = self.wait >= self.patience
+        stop = self.wait > 0 and self.wait >= self.patience  # patience 0: the first evaluation without improvement
         stop = learn.strategy.broadcast_object(stop)  # rank 0's decision: every rank stops at this evaluation
         if stop:
-            raise CancelFitException(f'early stopping: {self.monitor} has not improved for {self.wait} evaluations '
-                                     f'(best {self.best:.4g} at step {self.best_step})')
+            best = (f'best {self.best:.4g} at step {self.best_step}' if self.best_step is not None else
+                    f'no evaluation gave a number yet: the last gave {value}')
+            raise CancelFitException(f'early stopping: {self.monitor} has not improved for {self.wait} evaluations ({best})')
 
     def after_fit(self):
         learn = self.learn

@@ -18,7 +18,8 @@ from .callback import Callback, Order
 from .checks import writable_folder
 from .core import Learner, patch_to
 from .data import rebatch
-from .metrics import ConfusionMatrix, as_float, class_scores, example_losses, metric_name, safe_ratio
+from .metrics import (ConfusionMatrix, as_float, class_scores, example_losses, is_multilabel, metric_name,
+                               safe_ratio, takes_probabilities)
 
 # %% ../nbs/09_evaluate.ipynb #9af5c16c
 def _cell(v):
@@ -34,6 +35,15 @@ class Report:
     def columns(self): return list(dict.fromkeys(k for row in self.rows for k in row))
 
     def __len__(self): return len(self.rows)
+
+    def __getitem__(self, key):
+        "`report[i]`: row i (a dict); `report['column']`: that column's values; `report[a:b]`: a Report of those rows."
+        if isinstance(key, str):
+            if key not in self.columns: raise KeyError(f'no column {key!r}: the columns are {self.columns}')
+            return [row.get(key) for row in self.rows]
+        return Report(self.rows[key]) if isinstance(key, slice) else self.rows[key]
+
+    def __iter__(self): return iter(self.rows)
 
     def __str__(self):
         cols = self.columns
@@ -55,9 +65,10 @@ class Report:
 # %% ../nbs/09_evaluate.ipynb #3640ed66
 class Evaluation:
     "Predictions, targets, per-example losses and metrics of one evaluation, on the CPU, with reports and plots."
-    def __init__(self, preds, targets, losses, metrics=None, class_names=None, dataset=None):
+    def __init__(self, preds, targets, losses, metrics=None, class_names=None, dataset=None, threshold=0.0):
         self.preds, self.targets, self.losses = preds, targets, losses
         self.metrics, self.class_names, self.dataset = dict(metrics or {}), class_names, dataset
+        self.threshold = threshold  # multi-label: a label is predicted above it (0 for logits, 0.5 for probabilities)
 
     def __repr__(self):
         shown = ', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}=...' for k, v in self.metrics.items())
@@ -65,10 +76,16 @@ class Evaluation:
 
     # ---- classes ----
     @property
-    def n_classes(self): return class_scores(self.preds, self.targets)[0].shape[1]
+    def multilabel(self): return is_multilabel(self.preds, self.targets)
+
+    @property
+    def n_classes(self):
+        "The classes, or the labels of multi-label targets."
+        return self.preds.shape[1] if self.multilabel else class_scores(self.preds, self.targets)[0].shape[1]
 
     def predicted_labels(self):
-        "The predicted class of each example (each position, for per-position scores)."
+        "The predicted class of each example (each position, for per-position scores); multi-label: 0/1 per label."
+        if self.multilabel: return (self.preds > self.threshold).long()
         scores, _, _ = class_scores(self.preds, self.targets)
         return scores.argmax(1).reshape(self.targets.shape)
 
@@ -84,9 +101,11 @@ class Evaluation:
         "C x C counts as a numpy array, rows = target, cols = prediction; `normalize` as in sklearn ('true', 'pred', 'all')."
         if not self._is_classification(): raise ValueError('the targets are not class labels: no confusion matrix for a regression')
         cm = ConfusionMatrix()
+        cm.threshold = self.threshold
         cm.update(self.preds, self.targets)
         counts = cm.compute().numpy()
         if normalize is None: return counts
+        if counts.ndim == 3: raise ValueError('multi-label targets have one 2 x 2 matrix per label: normalize is for one C x C matrix')
         axis = {'true': 1, 'pred': 0, 'all': None}.get(normalize, 'bad')
         if axis == 'bad': raise ValueError(f"normalize must be None, 'true', 'pred' or 'all', got {normalize!r}")
         totals = counts.sum(axis=axis, keepdims=axis is not None)
@@ -95,6 +114,7 @@ class Evaluation:
     def classification_report(self, class_names=None):
         "Precision, recall, F1, support and correct count per class, then accuracy, macro and weighted averages."
         counts = torch.from_numpy(self.confusion_matrix()).double()
+        if counts.ndim == 3: return self._label_report(counts, class_names)
         correct, support, predicted = counts.diag(), counts.sum(1), counts.sum(0)
         precision, recall = safe_ratio(correct, predicted), safe_ratio(correct, support)
         f1 = safe_ratio(2 * correct, support + predicted)
@@ -107,6 +127,24 @@ class Evaluation:
         weights = support / max(n, 1)
         for name, avg in (('macro avg', lambda v: float(v.mean())), ('weighted avg', lambda v: float((v * weights).sum()))):
             rows.append({'class': name, 'precision': avg(precision), 'recall': avg(recall), 'f1': avg(f1),
+                         'support': n, 'correct': None})
+        return Report(rows)
+
+    def _label_report(self, counts, class_names):
+        "Multi-label: per label, then micro (all labels pooled), macro and weighted averages, as scikit-learn's report."
+        tp, support, predicted = counts[:, 1, 1], counts[:, 1].sum(1), counts[:, :, 1].sum(1)
+        def scores(tp, support, predicted):
+            return safe_ratio(tp, predicted), safe_ratio(tp, support), safe_ratio(2 * tp, support + predicted)
+        precision, recall, f1 = scores(tp, support, predicted)
+        rows = [{'label': name, 'precision': p, 'recall': r, 'f1': f, 'support': int(s), 'correct': int(c)}
+                for name, p, r, f, s, c in zip(self._names(class_names), precision.tolist(), recall.tolist(),
+                                               f1.tolist(), support.tolist(), tp.tolist())]
+        n, weights = int(support.sum()), support / support.sum().clamp(min=1)
+        micro = [float(v) for v in scores(tp.sum(), support.sum(), predicted.sum())]
+        rows.append({'label': 'micro avg', 'precision': micro[0], 'recall': micro[1], 'f1': micro[2], 'support': n,
+                     'correct': int(tp.sum())})
+        for name, avg in (('macro avg', lambda v: float(v.mean())), ('weighted avg', lambda v: float((v * weights).sum()))):
+            rows.append({'label': name, 'precision': avg(precision), 'recall': avg(recall), 'f1': avg(f1),
                          'support': n, 'correct': None})
         return Report(rows)
 
@@ -132,6 +170,9 @@ class Evaluation:
         from matplotlib.figure import Figure  # lazy, and a bare Figure needs no GUI backend
         from nbtrainer.plotting import show_figures_inline
         show_figures_inline()
+        if self.multilabel:
+            raise ValueError('multi-label targets have one 2 x 2 matrix per label: see confusion_matrix() (labels x truth '
+                             'x prediction) and classification_report()')
         values, names = self.confusion_matrix(normalize), self._names(class_names)
         size = min(3 + 0.45 * len(names), 14)
         fig = Figure(figsize=(size, size), layout='constrained')
@@ -178,8 +219,8 @@ class Evaluation:
     # ---- saving ----
     def save(self, path):
         "Write the tensors, metrics and class names to `path` (torch.save; the dataset is not saved)."
-        torch.save({'preds': self.preds, 'targets': self.targets, 'losses': self.losses,
-                    'metrics': self.metrics, 'class_names': self.class_names}, path)
+        torch.save({'preds': self.preds, 'targets': self.targets, 'losses': self.losses, 'metrics': self.metrics,
+                    'class_names': self.class_names, 'threshold': self.threshold}, path)
 
     @classmethod
     def load(cls, path, dataset=None):
@@ -217,7 +258,8 @@ def evaluate(learn, dl=None, batch_size=None, class_names=None):
         m.update(preds, targets)
         metrics[metric_name(m)] = as_float(m.compute())
     in_order = isinstance(getattr(dl, 'sampler', None), SequentialSampler)  # then example i is dataset[i]
-    return Evaluation(preds, targets, losses, metrics, class_names, dataset=dl.dataset if in_order else None)
+    return Evaluation(preds, targets, losses, metrics, class_names, dataset=dl.dataset if in_order else None,
+                      threshold=0.5 if takes_probabilities(learn.loss_func) else 0.0)
 
 # %% ../nbs/09_evaluate.ipynb #bd543904
 class SavePredictions(Callback):

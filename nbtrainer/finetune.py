@@ -15,8 +15,7 @@ import torch
 
 from .callback import Callback, Order
 from .core import Learner, patch_to
-from .metrics import metric_name
-from .recorder import monitored_value
+from .recorder import check_monitor, monitored_value
 from .rng import rng_state, set_rng_state
 from .schedule import ParamScheduler  # noqa: F401 (fine_tune uses fit_one_cycle, which it attaches)
 
@@ -123,15 +122,22 @@ class EMA(Callback):
     order = Order.DEFAULT - 5  # its history columns exist before the writers and savers see the row
     prefix = 'ema_'  # of its history columns
 
-    def __init__(self, decay=0.999, every=1, warmup=0, columns=True):
+    def __init__(self, decay=0.999, every=1, warmup=0, evaluate=True):
         if not 0 < decay < 1: raise ValueError(f'decay must be in (0, 1), got {decay!r}')
         for name, v, least in (('every', every, 1), ('warmup', warmup, 0)):
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
                 raise ValueError(f'{name} must be an int >= {least}, got {v!r}')
-        self.decay, self.every, self.warmup, self.columns = decay, every, warmup, columns
+        self.decay, self.every, self.warmup, self.evaluate = decay, every, warmup, evaluate
         self.averaged, self.updates, self._inside, self._dl = None, 0, False, None
 
     def _live(self): return _tensors(_plain(self.learn.model))
+
+    @property
+    def columns(self):
+        "The history columns it adds (what monitors may name): the validation's, prefixed."
+        learn = self.learn
+        if not self.evaluate or learn is None or learn.valid_dl is None: return set()
+        return {self.prefix + name for name in learn.validation_names()}
 
     def before_fit(self):
         live = self._live()
@@ -180,7 +186,7 @@ class EMA(Callback):
 
     def after_validate(self):
         learn = self.learn
-        if not (self.columns and learn.evaluating and not self._inside and self.averaged is not None): return
+        if not (self.evaluate and learn.evaluating and not self._inside and self.averaged is not None): return
         if self._dl is None: return  # a fit without validation data: no columns to add
         self._inside = True
         try:
@@ -204,10 +210,10 @@ class SWA(EMA):
     "Stochastic weight averaging: the equal-weight mean of the weights after every `every`-th step after step `start`."
     prefix = 'swa_'
 
-    def __init__(self, start=0, every=1, columns=True):
+    def __init__(self, start=0, every=1, evaluate=True):
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
             raise ValueError(f'start must be an int >= 0, got {start!r}')
-        super().__init__(decay=0.5, every=every, columns=columns)
+        super().__init__(decay=0.5, every=every, evaluate=evaluate)
         self.start = start
 
     def decay_now(self): return self.updates / (self.updates + 1)  # the running mean: the first update copies
@@ -227,15 +233,6 @@ def validate(learn, dl=None, ema=False):
     with cb.swapped(): return _validate(learn, dl)
 
 # %% ../nbs/12b_finetune.ipynb #b0193470
-def _columns(learn):
-    "The history columns a fit's evaluations will have (for monitors checked before the first step)."
-    names = {'train_loss', *('train_' + metric_name(m) for m in learn.recorder.train_metrics)}
-    names |= {'valid_loss', *(metric_name(m) for m in learn.metrics)}  # a fit without validation data has none of them
-    for cb in learn.cbs:
-        if isinstance(cb, EMA) and cb.columns:
-            names |= {cb.prefix + 'valid_loss', *(cb.prefix + metric_name(m) for m in learn.metrics)}
-    return names
-
 class ReduceLROnPlateau(Callback):
     "Multiply `learn.lr` by `factor` after `patience` evaluations without improving `monitor` (PyTorch's rules)."
     order = Order.SAVE - 5  # after the writers have the row, before a checkpoint saves the new lr
@@ -256,10 +253,10 @@ class ReduceLROnPlateau(Callback):
         self.best, self.bad, self.cooldown_left, self.reductions = (math.inf if mode == 'min' else -math.inf), 0, 0, []
 
     def before_fit(self):
-        columns = _columns(self.learn)
-        if self.monitor not in columns:
-            raise ValueError(f'ReduceLROnPlateau monitors {self.monitor!r}, which the history will not have: choose '
-                             f'{sorted(columns)}')
+        learn, name = self.learn, self.monitor
+        for prefix in ('ema_', 'swa_'): name = name.removeprefix(prefix)
+        if learn.valid_dl is None and name in learn.validation_names(): return  # idle: no validation, nothing to read
+        check_monitor(learn, 'ReduceLROnPlateau', self.monitor)
 
     def _better(self, value):
         rel, sign = self.threshold_mode == 'rel', 1 if self.mode == 'min' else -1

@@ -8,7 +8,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/lr_finder.html.md"""
 __all__ = ['divergence', 'LRFinder', 'Suggestions', 'suggest_lrs', 'LRFinderResult']
 
 # %% ../nbs/13_lr_finder.ipynb #ec6ab39b
-import math
+import math, warnings
 from collections import namedtuple
 from typing import NamedTuple
 
@@ -235,6 +235,13 @@ def lr_find(learn, start_lr=1e-7, end_lr=10, num_it=100, stop_div=True, show=Tru
     learn.probe(num_it, cbs=[finder])  # real steps, then everything put back; no display, no file, no validation
     suggestions = suggest_lrs(finder.lrs, finder.losses, finder.div_factor, finder.margin)
     result = LRFinderResult(list(finder.lrs), list(finder.losses), suggestions)
+    if suggestions.valley is None and result.lrs:
+        lo, hi = result.lrs[0], result.lrs[-1]
+        learn.lr_note = (f'the last lr_find found no descent of the loss over lrs {lo:.1e}..{hi:.1e} ({len(result.lrs)} steps), '
+                         'so it suggests no lr')
+        warnings.warn(f'{learn.lr_note}: try a wider range (start_lr=1e-8, end_lr=100), more iterations (num_it=300), '
+                      'or check that the model can learn at all (a loss that cannot fall, data that does not vary)',
+                      stacklevel=2)
     if show and in_jupyter() and result.lrs:
         try: result.show(learn, theme)
         except ImportError:  # no ipywidgets: the static figure

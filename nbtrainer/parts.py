@@ -8,7 +8,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/parts.html.md"""
 __all__ = ['FitProgress', 'TrainPass', 'Accumulation', 'SingleProcess', 'spread_lrs', 'split_params', 'ParamGroups']
 
 # %% ../nbs/00f_parts.ipynb #668bc251
-import math, numbers, uuid
+import contextlib, math, numbers, uuid
 
 import torch
 from torch.utils.data import DataLoader
@@ -50,6 +50,20 @@ class FitProgress:
     def more_epochs(self): return self.epoch < self.end_epoch and self.step < self.end_step
 
     def next_epoch(self): self.epoch, self.epoch_done = self.epoch + 1, False
+
+    def fit_ends_now(self):
+        "Is this step the fit's last (by its steps, or the end of its last epoch)?"
+        planned = self.n_steps is not None and self.step - self.fit_start[1] >= self.n_steps
+        return self.step >= self.end_step or planned or (self.epoch_done and self.epoch + 1 >= self.end_epoch)
+
+    @contextlib.contextmanager
+    def after_last_epoch(self):
+        "Evaluations after the epochs ran are labelled with the last one: the same state (that epoch, done) by another name."
+        moved = self.epoch > self.fit_start[0] and not self.epoch_done
+        if moved: self.epoch, self.epoch_done = self.epoch - 1, True
+        try: yield
+        finally:
+            if moved: self.epoch, self.epoch_done = self.epoch + 1, False
 
     def train_end_step(self):
         "The step this training phase ends at: the fit's last or, with `steps_per_epoch`, this epoch's (inf: none)."
@@ -177,7 +191,7 @@ class SingleProcess:
     def state_dict(self): return {'world': self.world}
     def load_state_dict(self, state): pass
 
-# %% ../nbs/00f_parts.ipynb #be1122b0
+# %% ../nbs/00f_parts.ipynb #7e5f5b4e
 def spread_lrs(lr, n):
     "(base lr, per-group scales) for `n` groups from a number, `slice(lo, hi)` (geometric), a list, or `x.lrs(n)`"
     if hasattr(lr, 'lrs'): lr = list(lr.lrs(n))
@@ -197,7 +211,7 @@ def spread_lrs(lr, n):
     base = lrs[-1]
     return base, [v / base for v in lrs[:-1]] + [1.0]
 
-# %% ../nbs/00f_parts.ipynb #74e1d604
+# %% ../nbs/00f_parts.ipynb #2193c2d9
 _NORMS = tuple(t for t in (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm, GhostBatchNorm,
                            getattr(torch.nn, 'RMSNorm', None)) if t is not None)
 

@@ -190,6 +190,9 @@ def one_cycle(pct_start=0.25, div=25.0, div_final=1e5, moms=(0.95, 0.85, 0.95)):
 def fit_one_cycle(learn, epochs=None, lr_max=None, pct_start=0.25, div=25.0, div_final=1e5, moms=(0.95, 0.85, 0.95), *,
                   steps=None, eval_every=None, eval_subset=None, cbs=(), reset_opt=False, resume=None):
     "`fit` with the 1cycle policy, peaking at `lr_max` (default: `learn.lr`; given, it becomes `learn.lr`)."
+    if lr_max is None and learn.lr_note:
+        raise ValueError(f'fit_one_cycle needs lr_max=: {learn.lr_note}, and learn.lr ({learn.lr:.2e}) was not chosen '
+                         'since. Pass lr_max=, or set learn.lr')
     schedules = one_cycle(pct_start, div, div_final, moms)
     if 'momentum' in schedules and not any(_group_key('momentum', g) for g in learn.opt.param_groups):
         del schedules['momentum']  # an optimizer without momentum or betas: schedule the lr only

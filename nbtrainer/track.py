@@ -20,7 +20,7 @@ from .callback import Callback, Order
 from .distributed import world_size
 from .metrics import metric_name
 from .plotting import show_figures_inline
-from .recorder import monitored_value
+from .recorder import check_monitor, monitored_value
 from .rng import loader_generators
 
 # %% ../nbs/18_track.ipynb #5953773b
@@ -221,15 +221,17 @@ class Tracker(Callback):
     side_effects = main_process_only = True  # it writes a file; under DDP rank 0 alone does
     beat_every = 10.0  # seconds between heartbeats
 
-    def __init__(self, db='runs/experiments.db', study=None, notes='', monitor='valid_loss', mode='min', config=None):
+    def __init__(self, db='runs/experiments.db', study=None, notes='', monitor=None, mode='min', config=None):
         if mode not in ('min', 'max'): raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        self.db, self.study, self.notes, self.monitor, self.mode = Path(db), study, str(notes), monitor, mode
+        self.db, self.study, self.notes, self.monitor, self.mode = Path(db), study, str(notes), monitor or 'valid_loss', mode
+        self._monitor_asked = monitor  # None: valid_loss, or train_loss in a fit without validation data
         self.config = dict(config or {})
         self.run_id = None  # the run of the current (or last) fit
         self._con = self._heartbeat = self._resume = self._parent = None
         self._open = False  # between before_fit and after_fit
 
     def before_fit(self):
+        self.monitor = check_monitor(self.learn, 'Tracker', self._monitor_asked)
         self._con = connect(self.db, create=True)
         resume, self._resume = self._resume, None
         if resume is None or not self._reopen(resume): self._start()

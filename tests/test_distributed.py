@@ -522,3 +522,86 @@ def test_launch_names_the_rank_that_hung():
         launch(hangs_on_rank_1, nprocs=2, timeout=15)
     message = str(caught.value)
     assert message.startswith('rank 1 hung') and 'rank 0 timed out waiting for it' in message, message
+
+
+# ---- first-week edges under DDP ----
+
+def validate_torchmetrics(n):
+    import torchmetrics
+    valid = DataLoader(dataset(n, seed=3), batch_size=5)
+    metrics = [torchmetrics.classification.MulticlassAccuracy(num_classes=3, average='micro'),
+               torchmetrics.classification.MulticlassF1Score(num_classes=3, average='macro')]
+    learn = Learner(make_model(), loader(dataset(16)), valid, metrics=metrics, progress=False)
+    values = learn.validate()
+    model = learn.model.module.eval()
+    with torch.no_grad(): preds = model(dataset(n, seed=3).tensors[0])
+    return gather(values), preds
+
+
+@pytest.mark.parametrize('n', [30, 31])  # 31: the sampler repeats one example, which torchmetrics must not see
+def test_torchmetrics_objects_on_two_ranks_equal_sklearn(n):
+    "torchmetrics syncs its own states over the ranks; the padding row is left out of its updates."
+    from sklearn.metrics import accuracy_score, f1_score
+    (values0, values1), preds = launch(validate_torchmetrics, nprocs=2, args=(n,))
+    _, y = dataset(n, seed=3).tensors
+    labels = preds.argmax(1)
+    assert values0 == values1
+    assert values0['multiclassaccuracy'] == pytest.approx(accuracy_score(y, labels), abs=1e-6)
+    assert values0['multiclassf1score'] == pytest.approx(f1_score(y, labels, average='macro'), abs=1e-6)
+
+
+def train_on_unsharded(shard):
+    import warnings
+    x, y = dataset(32).tensors
+    batches = [(x[i:i + B], y[i:i + B]) for i in range(0, 32, B)]
+    if shard: batches = batches[rank()::world_size()]  # each rank its own batches
+    learn = Learner(make_model(), batches, metrics=(), progress=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        learn.fit(1)
+    return gather([str(w.message) for w in caught if 'same first training batch' in str(w.message)])
+
+
+@pytest.mark.parametrize('shard', [False, True])
+def test_identical_batches_on_every_rank_are_named(shard):
+    found = launch(train_on_unsharded, nprocs=2, args=(shard,))
+    assert all(len(f) == (0 if shard else 1) for f in found), found
+
+
+class TokenTagger(nn.Module):
+    "Tags each token, and computes its own loss as Hugging Face models do: the mean over the labels that are not -100."
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.embed, self.head = nn.Embedding(20, 8), nn.Linear(8, 4)
+
+    def forward(self, input_ids, labels=None):
+        logits = self.head(torch.tanh(self.embed(input_ids)))
+        loss = None if labels is None else F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+        return {'loss': loss, 'logits': logits}
+
+
+def tagged(n=24, width=7):
+    "Sequences with 1..width counted tokens each: batches differ in tokens, so example weighting would be wrong."
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 20, (n, width), generator=g)
+    lengths = torch.randint(1, width + 1, (n,), generator=g)
+    labels = (ids % 4).masked_fill(torch.arange(width) >= lengths[:, None], -100)
+    return [{'input_ids': ids[i], 'labels': labels[i]} for i in range(n)]
+
+
+def train_tagger(world, accumulate):
+    data = tagged()
+    dl = DataLoader(data, batch_size=B * 2 // world)  # in order: global batch i is the same examples either way
+    learn = Learner(TokenTagger(), dl, opt_func=torch.optim.SGD, lr=0.5, metrics=(), accumulate=accumulate, progress=False)
+    learn.fit(2)
+    model = learn.model.module if world > 1 else learn.model
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize('accumulate', [1, 2])
+def test_token_mean_loss_on_two_ranks_equals_one_process(accumulate):
+    "Each rank's micro-batch weighs its tokens, counted over the ranks: 2 ranks equal one process on the global batch."
+    ddp = launch(train_tagger, nprocs=2, args=(2, accumulate))
+    one = train_tagger(1, accumulate)
+    assert max((ddp[k] - one[k]).abs().max().item() for k in one) < 1e-6
