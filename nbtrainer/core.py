@@ -202,12 +202,12 @@ class Learner:
     def validation_names(self): return {'valid_loss', *(metric_name(m) for m in self.metrics)}
 
     def evaluation_columns(self):
-        "The columns this fit's evaluation rows will have: what monitors may name (callbacks add theirs in `columns`)."
+        "The columns this fit's evaluation rows will have: what monitors may name (callbacks add theirs in `eval_columns`)."
         columns = {'epoch', 'step', 'train_loss', 'lr', 'time', *('train_' + metric_name(m) for m in self.recorder.train_metrics)}
         if self.clip_grad_norm is not None: columns.add('grad_norm')
         if self.precision.scaler is not None: columns.add('skipped_steps')
         if self.valid_dl is not None: columns |= self.validation_names()
-        return columns | {c for cb in self.cbs for c in getattr(cb, 'columns', ())}
+        return columns | {c for cb in self.cbs for c in getattr(cb, 'eval_columns', None) or ()}
 
     @property
     def skipped_steps(self):

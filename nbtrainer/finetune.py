@@ -133,7 +133,7 @@ class EMA(Callback):
     def _live(self): return _tensors(_plain(self.learn.model))
 
     @property
-    def columns(self):
+    def eval_columns(self):
         "The history columns it adds (what monitors may name): the validation's, prefixed."
         learn = self.learn
         if not self.evaluate or learn is None or learn.valid_dl is None: return set()
