@@ -5,7 +5,7 @@ history row every 1000 batches), then measures, for the files a `Checkpointer` w
 append-only side file) and for `learn.save(path)` (its rows in `batches-<run id>.f64` beside it):
   - the checkpoint file's size;
   - the time of a save after 100 more batches (a Checkpointer's steady state: only those rows are appended);
-  - the time to load it into a fresh Learner, rows included.
+  - the time to load it into a fresh Learner, rows included, and the bytes a batch's row then takes in memory.
 Median of 5 repeats; times on this shared machine are noisy, the trend across N is the point.
 
     python bench/checkpoint_size.py [--sizes 10000 100000 1000000]
@@ -62,7 +62,8 @@ def measure(n, side_file, repeats=5):
         fresh.load(folder / 'ckpt.pt')
         loads.append(time.perf_counter() - start)
         assert len(fresh.recorder.batches['loss']) == len(learn.recorder.batches['loss'])
-    return (folder / 'ckpt.pt').stat().st_size, statistics.median(saves), statistics.median(loads)
+    memory = sum(c.nbytes for c in fresh.recorder.batches.values()) / len(fresh.recorder.batches['loss'])
+    return (folder / 'ckpt.pt').stat().st_size, statistics.median(saves), statistics.median(loads), memory
 
 
 def main():
@@ -70,12 +71,12 @@ def main():
     parser.add_argument('--sizes', type=int, nargs='+', default=[10_000, 100_000, 1_000_000])
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f'{"batches":>10} | {"Checkpointer (side file)":^33} | {"learn.save(path) (own side file)":^33}')
-    print(f'{"":>10} | {"size":>9} {"save":>11} {"load":>11} | {"size":>9} {"save":>11} {"load":>11}')
+    print(f'{"batches":>10} | {"Checkpointer (side file)":^33} | {"learn.save(path) (own side file)":^33} | loaded rows')
+    print(f'{"":>10} | {"size":>9} {"save":>11} {"load":>11} | {"size":>9} {"save":>11} {"load":>11} | in memory')
     for n in args.sizes:
         figures = [measure(n, side) for side in (True, False)]
-        cells = ' | '.join(f'{size / 1e3:8.0f}K {save * 1e3:9.1f}ms {load * 1e3:9.1f}ms' for size, save, load in figures)
-        print(f'{n:>10} | {cells}')
+        cells = ' | '.join(f'{size / 1e3:8.0f}K {save * 1e3:9.1f}ms {load * 1e3:9.1f}ms' for size, save, load, _ in figures)
+        print(f'{n:>10} | {cells} | {figures[0][3]:5.1f} B/batch')
 
 
 if __name__ == '__main__':
