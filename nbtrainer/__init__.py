@@ -16,8 +16,8 @@ from .callback import (EVENTS, Callback, CancelBackwardException, CancelBatchExc
 from .data import (batch_size, default_device, eval_loader, examples_digest, rebatch, skip_batches, subset_loader,
                             to_device)
 from .rng import preserve_rng, rng_state, set_rng_state
-from .metrics import (F1, MCC, Accuracy, ConfusionMatrix, FunctionMetric, Loss, Mean, Metric, Perplexity,
-                               Precision, Recall, TopKAccuracy, get_metric)
+from .metrics import (F1, MAE, MCC, MSE, R2, RMSE, Accuracy, ConfusionMatrix, ExactMatch, FunctionMetric, Loss,
+                               Mean, Metric, Perplexity, Precision, Recall, TopKAccuracy, get_metric)
 from .layers import GhostBatchNorm
 from .precision import MixedPrecision
 from .recorder import Recorder, SkipNonFinite, monitored_value
@@ -38,6 +38,7 @@ from .lr_finder import LRFinder, LRFinderResult, suggest_lrs
 from .liveplot import LivePlot
 from .distributed import (init_distributed, is_main_process, launch, rank, request_stop, shard_loader,
                                    world_size)
+from .fsdp import FullyShardedTrainer
 from .control import Controls
 from .dashboard import Dashboard
 from .track import MLflowLogger, Run, Runs, Tracker, runs
@@ -45,11 +46,11 @@ from .track import MLflowLogger, Run, Runs, Tracker, runs
 __all__ = ['Accumulation', 'Accuracy', 'CSVLogger', 'Callback', 'CancelBackwardException', 'CancelBatchException',
            'CancelEpochException', 'CancelFitException', 'CancelStepException', 'CancelTrainException',
            'CancelValidateException', 'Checkpointer', 'ConfusionMatrix', 'Controls', 'Dashboard', 'DataWait',
-           'DataWaitWarning', 'DevicePrefetcher', 'EVENTS', 'EarlyStopping', 'Evaluation', 'F1',
-           'FitProgress', 'ForkPoints', 'FunctionCallback', 'FunctionMetric', 'GhostBatchNorm', 'LRFinder', 'LRFinderResult', 'Learner',
-           'LivePlot', 'Loss', 'MCC', 'MLflowLogger', 'Mean', 'Metric', 'MixedPrecision',
+           'DataWaitWarning', 'DevicePrefetcher', 'EVENTS', 'EarlyStopping', 'Evaluation', 'ExactMatch', 'F1',
+           'FitProgress', 'ForkPoints', 'FullyShardedTrainer', 'FunctionCallback', 'FunctionMetric', 'GhostBatchNorm', 'LRFinder', 'LRFinderResult', 'Learner',
+           'LivePlot', 'Loss', 'MAE', 'MCC', 'MLflowLogger', 'MSE', 'Mean', 'Metric', 'MixedPrecision',
            'NonFiniteLossError', 'Order', 'ParamScheduler', 'Preemption', 'PreemptedException', 'Perplexity', 'Precision', 'ProgressCallback',
-           'Recall', 'Recorder', 'Report', 'Run', 'Runs', 'SavePredictions', 'Schedule', 'Segment',
+           'R2', 'RMSE', 'Recall', 'Recorder', 'Report', 'Run', 'Runs', 'SavePredictions', 'Schedule', 'Segment',
            'SingleProcess', 'SkipNonFinite', 'TensorBoardLogger', 'TrainPass', 'TopKAccuracy', 'Tracker', 'batch_size', 'config_changes', 'default_device',
            'eval_loader', 'examples_digest', 'get_metric', 'init_distributed', 'is_main_process', 'launch', 'monitored_value',
            'one_cycle', 'patch_to', 'plain_state_dict', 'plot_history', 'preserve_rng', 'rank',

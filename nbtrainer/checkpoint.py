@@ -211,10 +211,11 @@ def training_state(learn):
     "Everything a checkpoint holds but the per-batch rows, as references (None on a rank other than the main one)."
     learn.strategy.before_save(learn)  # DDP: the statistics every rank must agree on (collectives, so every rank calls)
     passes = learn.strategy.gather_object(learn.data_pass.state_dict())  # each rank's random streams (dropout differs)
+    model_state, opt_state = learn.strategy.full_state(learn.model, learn.opt)  # FSDP: gathered (every rank calls)
     if not learn.main_process: return None
     callbacks = {key: cb.state_dict() for key, cb in _callback_keys(learn).items()}
-    return {'format': FORMAT, 'config': run_config(learn), 'model': plain_state_dict(learn.model.state_dict()),
-            'optimizer': learn.opt.state_dict(), 'lr': learn.lr,
+    return {'format': FORMAT, 'config': run_config(learn), 'model': plain_state_dict(model_state),
+            'optimizer': opt_state, 'lr': learn.lr,
             **{name: part.state_dict() for name, part in learn.parts().items() if name != 'pass'},
             'pass': passes[0], **({'pass_by_rank': passes} if len(passes) > 1 else {}),
             'batches': None, 'callbacks': {k: v for k, v in callbacks.items() if v}}
@@ -309,8 +310,9 @@ def load_training_state(learn, state, path, check_data=True, allow_changes=None,
             _check_data(learn, {'data': fingerprint}, path)
     _check_run_config(learn, state, path, allow_changes, lr_given, strict)
     rows = _batch_rows(state, path)  # everything that can fail is checked before anything changes
-    _load_model(learn.model, state['model'])
-    learn.opt.load_state_dict(state['optimizer'])
+    if not learn.strategy.load_full_state(learn.model, learn.opt, state['model'], state['optimizer']):  # FSDP: its own
+        _load_model(learn.model, state['model'])
+        learn.opt.load_state_dict(state['optimizer'])
     learn.lr = state['lr']
     by_rank = state.get('pass_by_rank')
     if by_rank is not None and len(by_rank) == learn.strategy.world: state['pass'] = by_rank[learn.strategy.rank]

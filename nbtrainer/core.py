@@ -80,6 +80,19 @@ def _delegate(part, name):
     return property(lambda self: getattr(getattr(self, part), name),
                     lambda self, value: setattr(getattr(self, part), name, value), doc=f'`learn.{part}.{name}`')
 
+def _make_strategy(strategy, distributed, sync_bn):
+    "The distribution strategy: an object given, a name ('ddp', 'fsdp'), or 'auto'/None: DDP in a process group."
+    if not isinstance(strategy, (str, type(None))): return strategy
+    if strategy in (None, 'auto'): strategy = 'ddp' if distributed else None
+    elif not distributed:
+        raise ValueError(f'strategy={strategy!r} needs a process group: start the script with torchrun, or the function '
+                         'with nbtrainer.launch (nbs/15_distributed.ipynb)')
+    if strategy is None: return SingleProcess()
+    if strategy not in Learner.strategy_factories:
+        raise ValueError(f"unknown strategy {strategy!r}: 'auto', {', '.join(map(repr, sorted(Learner.strategy_factories)))}, "
+                         'or a strategy object')
+    return Learner.strategy_factories[strategy](sync_bn)
+
 def _param_groups(model, splitter, opt_func):
     "The parameter groups: a splitter's, those of an optimizer the user built, or one group of every parameter."
     if not isinstance(opt_func, torch.optim.Optimizer): return ParamGroups(split_params(model, splitter), model)
@@ -113,13 +126,15 @@ class Learner:
     # Set by feature modules when imported (`import nbtrainer` imports them all), so core never imports them:
     display_factory = None      # nbtrainer.progress: dashboard (bool) -> the callback that shows progress
     distributed_factory = None  # nbtrainer.distributed: sync_bn (bool) -> the DDP strategy (a callback too)
+    strategy_factories = {}     # by name: 'ddp' (nbtrainer.distributed), 'fsdp' (nbtrainer.fsdp): sync_bn -> a strategy
     preemption_factory = None   # nbtrainer.preemption: () -> the callback that turns SIGTERM into a checkpointed stop
     fork_points_factory = None  # nbtrainer.fork: n -> the callback that keeps the last n evaluations' states
 
     def __init__(self, model, train_dl, valid_dl=None, loss_func=F.cross_entropy, opt_func=torch.optim.AdamW,
                  lr=1e-3, metrics=None, cbs=(), device=None, progress=True, skip_nonfinite=False,
                  precision='fp32', accumulate=1, clip_grad_norm=None, compile=False, dashboard=True, distributed=None,
-                 sync_bn=False, train_metrics=(), preemption=True, fork_points=0, splitter=None, deterministic=False):
+                 sync_bn=False, train_metrics=(), preemption=True, fork_points=0, splitter=None, deterministic=False,
+                 strategy=None):
         for name, dl in (('train_dl', train_dl), ('valid_dl', valid_dl)): check_loader(name, dl)
         if clip_grad_norm is not None: clip_grad_norm = hyperparameter('clip_grad_norm', clip_grad_norm)
         self.window = Accumulation(accumulate)  # the parts: nbs/00f_parts.ipynb
@@ -127,11 +142,13 @@ class Learner:
         self.precision = MixedPrecision(precision, self.device)
         self.progress = FitProgress()
         distributed = _distributed_run() if distributed is None else bool(distributed)
-        self.strategy = Learner.distributed_factory(sync_bn) if distributed else SingleProcess()
+        self.strategy = _make_strategy(strategy, distributed, sync_bn)
         # the strategy wraps the model and shards the loader before anything else sees them
         self.reproducibility = _reproducibility(deterministic)  # before the model first runs
         self.param_groups = _param_groups(model, splitter, opt_func)  # the plain model's, before DDP wraps it
+        names = {id(p): n for n, p in model.named_parameters()}
         self.model, train_dl = self.strategy.prepare(model.to(self.device), self.device, train_dl)
+        self.param_groups.follow(self._plain_model(), names)  # FSDP made new (sharded) parameters
         self.param_groups.on_change = self._rewrap
         if not isinstance(compile, (bool, dict)):
             raise TypeError(f"compile must be True, False or a dict of torch.compile's options (e.g. {{'mode': 'max-autotune'}}), "

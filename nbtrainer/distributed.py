@@ -261,12 +261,16 @@ class DistributedTrainer(SingleProcess, Callback):
         if self.sync_bn:
             if device.type == 'cpu': raise ValueError('sync_bn=True needs GPUs: PyTorch has no SyncBatchNorm on the CPU')
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # keeps the Parameter objects
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == 'cuda' else None,
-                                                    **_no_buffer_broadcast())
+        model = self.wrap(model, device)
         train_dl = shard_loader(train_dl, seed=self.seed)
         self.train_pad = padded_position(train_dl)
         seed_rank_streams(self.seed, self.rank)  # after the model exists: same init everywhere, distinct augmentation
         return model, train_dl
+
+    def wrap(self, model, device):
+        "DDP's wrapper (FSDP shards the model instead)."
+        return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == 'cuda' else None,
+                                                   **_no_buffer_broadcast())
 
     # ---- the strategy's collectives ----
     def barrier(self): barrier()
@@ -396,6 +400,7 @@ class DistributedTrainer(SingleProcess, Callback):
 
 # %% ../nbs/15_distributed.ipynb #d4a75ff5
 Learner.distributed_factory = lambda sync_bn: DistributedTrainer(sync_bn=sync_bn)  # what the Learner adds under DDP
+Learner.strategy_factories['ddp'] = Learner.distributed_factory
 
 # %% ../nbs/15_distributed.ipynb #6212ae61
 _CUDA_ERROR = ('CUDA was initialised in this kernel before launch(): worker processes forked from it cannot use CUDA. '

@@ -189,6 +189,8 @@ class SingleProcess:
     def any_rank(self, flag): return bool(flag)  # DDP: True on every rank if it is True on one
     def rewrap(self, model): return model  # DDP: a new wrapper when the trainable parameters change (its buckets)
     def state_dict(self): return {'world': self.world}
+    def full_state(self, model, opt): return model.state_dict(), opt.state_dict()  # FSDP: gathered from the shards
+    def load_full_state(self, model, opt, model_state, opt_state): return False  # FSDP: True, loaded into the shards
     def load_state_dict(self, state): pass
 
 # %% ../nbs/00f_parts.ipynb #7e5f5b4e
@@ -268,6 +270,15 @@ class ParamGroups:
         "Per group: (trainable, frozen) numbers of elements."
         return [(sum(p.numel() for p in g if p.requires_grad), sum(p.numel() for p in g if not p.requires_grad))
                 for g in self.groups]
+
+    def follow(self, model, names):
+        "The same groups of `model`'s parameters, after a strategy replaced them (FSDP's sharded ones); `names`: old id -> name."
+        now = dict(model.named_parameters())
+        new = {id(p): now[names[id(p)]] for g in self.groups for p in g if names.get(id(p)) in now}
+        if all(q is p for g in self.groups for p in g for q in [new.get(id(p), p)]): return
+        self.trainable = {id(new[i]) if i in new else i for i in self.trainable}
+        self.norm = {id(new[i]) if i in new else i for i in self.norm}
+        self.groups = [[new.get(id(p), p) for p in g] for g in self.groups]
 
     def state_dict(self): return {'frozen': self.frozen, 'train_norm': self.train_norm, 'groups': len(self.groups)}
 
