@@ -21,7 +21,7 @@ from .callback import (CANCEL_EXCEPTIONS, CancelBackwardException, CancelBatchEx
 from .checks import hyperparameter
 from .data import batch_size, loader_length, resolve_device, subset_loader, to_device
 from .metrics import (IGNORE_INDEX, Mean, Metric, class_dim, computed, describe_task, example_losses,
-                               get_metric, metric_name)
+                               get_metric, is_multilabel, metric_name)
 from .parts import Accumulation, FitProgress, ParamGroups, SingleProcess, TrainPass, split_params, spread_lrs
 from .precision import MixedPrecision
 from .recorder import Recorder, SkipNonFinite
@@ -835,7 +835,8 @@ class Learner:
                 self.update_metrics([probe])
             except Exception as e: raise ValueError(self._unfit_metric(m, pred, target, f'{type(e).__name__}: {e}')) from e
             family = getattr(m, 'family', None)  # a built-in metric's kind: does it fit this kind of task?
-            if family is not None and (fits := describe_task(pred, target)[1]) and family not in fits:
+            soft = getattr(m, 'soft_targets', False) and is_multilabel(pred, target)  # class probabilities: classes
+            if family is not None and not soft and (fits := describe_task(pred, target)[1]) and family not in fits:
                 raise ValueError(self._unfit_metric(m, pred, target, f'{family} is not a metric of this kind of task'))
 
     def _unfit_metric(self, m, pred, target, why):

@@ -6,10 +6,10 @@ Docs: https://nbtrainer.github.io/nbtrainer/metrics.html.md"""
 
 # %% auto #0
 __all__ = ['IGNORE_INDEX', 'CLASS_METRICS', 'MULTILABEL_METRICS', 'REGRESSION_METRICS', 'Metric', 'state_leaves', 'metric_name',
-           'as_float', 'computed', 'class_dim', 'is_token_target', 'is_multilabel', 'class_scores', 'Mean',
-           'example_losses', 'Loss', 'Perplexity', 'label_decisions', 'Accuracy', 'ExactMatch', 'TopKAccuracy',
+           'as_float', 'computed', 'class_dim', 'is_token_target', 'is_multilabel', 'class_targets', 'class_scores',
+           'Mean', 'example_losses', 'Loss', 'Perplexity', 'label_decisions', 'Accuracy', 'ExactMatch', 'TopKAccuracy',
            'ConfusionMatrix', 'safe_ratio', 'Precision', 'Recall', 'F1', 'MCC', 'MAE', 'MSE', 'RMSE', 'R2',
-           'describe_task', 'FunctionMetric', 'takes_probabilities', 'get_metric']
+           'describe_task', 'FunctionMetric', 'takes_class_probabilities', 'takes_probabilities', 'get_metric']
 
 # %% ../nbs/01_metrics.ipynb #dcc29123
 import math, re
@@ -83,6 +83,10 @@ def is_token_target(pred, target):
 def is_multilabel(pred, target):
     "Multi-hot targets: one column per label (more than one), the shape of the predictions."
     return torch.is_tensor(target) and pred.ndim == 2 and pred.shape[1] > 1 and target.shape == pred.shape
+
+def class_targets(metric, pred, target):
+    "With `metric.soft_targets` (a cross-entropy loss): (N, C) class probabilities (label smoothing, mixup) as their argmax."
+    return target.argmax(1) if getattr(metric, 'soft_targets', False) and is_multilabel(pred, target) else target
 
 def class_scores(pred, target, weight=None, pivot=0.0):
     "Flatten any supported layout to (M, C) scores, (M,) int64 targets and (M,) weights (None if `weight` is None)."
@@ -219,6 +223,7 @@ class Accuracy(Metric):
     def _labels_hit(self, predicted, truth): return predicted == truth  # per label
 
     def update(self, pred, target, weight=None):
+        target = class_targets(self, pred, target)
         if is_multilabel(pred, target):
             predicted, truth, weight = label_decisions(pred, target, weight, self.threshold)
             hit = self._labels_hit(predicted, truth)
@@ -278,6 +283,7 @@ class ConfusionMatrix(Metric):
 
     def _cells(self, pred, target, weight):
         "One flat cell index per counted pair, its weights, and the shape of the counts."
+        target = class_targets(self, pred, target)
         if is_multilabel(pred, target):  # like sklearn's multilabel_confusion_matrix: [label, truth, prediction]
             predicted, truth, weight = label_decisions(pred, target, weight, self.threshold)
             labels = torch.arange(pred.shape[1], device=pred.device)
@@ -323,6 +329,8 @@ class _FromConfusion(Metric):
 
     threshold = property(lambda self: self.confusion.threshold,
                          lambda self, value: setattr(self.confusion, 'threshold', value))
+    soft_targets = property(lambda self: getattr(self.confusion, 'soft_targets', False),
+                            lambda self, value: setattr(self.confusion, 'soft_targets', value))
 
     def reset(self): self.confusion.reset()
     def update(self, pred, target, weight=None): self.confusion.update(pred, target, weight)
@@ -372,7 +380,7 @@ class MCC(_FromConfusion):
     "Multiclass Matthews correlation coefficient."
     name = family = "mcc"
     def update(self, pred, target, weight=None):
-        if is_multilabel(pred, target):
+        if is_multilabel(pred, class_targets(self, pred, target)):
             raise ValueError(f"mcc is for single-label classes, but these targets are multi-label (shape "
                              f"{tuple(target.shape)}): use accuracy, f1 or exact_match")
         super().update(pred, target, weight)
@@ -508,6 +516,10 @@ def _builtin_metric(spec, loss_func):
 def _is_metric_like(obj):
     return not isinstance(obj, type) and all(callable(getattr(obj, m, None)) for m in ("update", "compute", "reset"))
 
+def takes_class_probabilities(loss_func):
+    "A cross-entropy loss: targets of the predictions' shape are class probabilities (label smoothing, mixup), not labels."
+    return loss_func is F.cross_entropy or isinstance(loss_func, torch.nn.CrossEntropyLoss)
+
 def takes_probabilities(loss_func):
     "A loss of probabilities (`BCELoss`), whose binary and multi-label outputs are positive above 0.5, not 0."
     return loss_func is F.binary_cross_entropy or isinstance(loss_func, torch.nn.BCELoss)
@@ -517,6 +529,7 @@ def get_metric(spec, loss_func=None):
     metric = _builtin_metric(spec, loss_func)
     if metric is not None:
         if takes_probabilities(loss_func) and hasattr(metric, 'threshold'): metric.threshold = 0.5
+        if hasattr(metric, 'threshold') and takes_class_probabilities(loss_func): metric.soft_targets = True
         return metric
     if isinstance(spec, type) and all(callable(getattr(spec, m, None)) for m in ("update", "compute", "reset")):
         spec = spec()  # another library's metric class, e.g. torchmetrics.MeanSquaredError: a fresh instance
