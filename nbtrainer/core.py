@@ -657,6 +657,7 @@ class Learner:
 
     def update_metrics(self, metrics):
         "Update `metrics` with this batch: its predictions and targets as the loss pairs them, and its weights."
+        if not metrics: return
         pred, target = self.metric_inputs()
         kept = None
         for m in metrics:
