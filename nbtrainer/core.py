@@ -73,13 +73,14 @@ class Learner:
     # Set by feature modules when imported (`import nbtrainer` imports them all), so core never imports them:
     display_factory = None      # nbtrainer.progress: dashboard (bool) -> the callback that shows progress
     distributed_factory = None  # nbtrainer.distributed: sync_bn (bool) -> the DDP strategy (a callback too)
+    fsdp_factory = None         # nbtrainer.fsdp: sync_bn (bool) -> the FSDP strategy (a callback too)
     preemption_factory = None   # nbtrainer.preemption: () -> the callback that turns SIGTERM into a checkpointed stop
     fork_points_factory = None  # nbtrainer.fork: n -> the callback that keeps the last n evaluations' states
 
     def __init__(self, model, train_dl, valid_dl=None, loss_func=F.cross_entropy, opt_func=torch.optim.AdamW,
                  lr=1e-3, metrics=None, cbs=(), device=None, progress=True, skip_nonfinite=False,
                  precision='fp32', accumulate=1, clip_grad_norm=None, compile=False, dashboard=True, distributed=None,
-                 sync_bn=False, train_metrics=(), preemption=True, fork_points=0):
+                 sync_bn=False, train_metrics=(), preemption=True, fork_points=0, strategy='auto'):
         for name, dl in (('train_dl', train_dl), ('valid_dl', valid_dl)):
             if isinstance(dl, Dataset) and not isinstance(dl, IterableDataset):
                 raise TypeError(f'{name} is a Dataset, which gives one example at a time, not a loader of batches: '
@@ -89,10 +90,9 @@ class Learner:
         self.device = resolve_device(device)
         self.precision = MixedPrecision(precision, self.device)
         self.progress = FitProgress()
-        distributed = _distributed_run() if distributed is None else bool(distributed)
-        self.strategy = Learner.distributed_factory(sync_bn) if distributed else SingleProcess()
-        # the strategy wraps the model and shards the loader before anything else sees them
-        self.model, train_dl = self.strategy.prepare(model.to(self.device), self.device, train_dl)
+        self.strategy = self._make_strategy(strategy, distributed, sync_bn)
+        # the strategy wraps (or shards) the model and shards the loader before anything else sees them
+        self.model, train_dl = self.strategy.prepare(model.to(self.device), self.device, train_dl, precision=self.precision)
         if not isinstance(compile, (bool, dict)):
             raise TypeError(f"compile must be True, False or a dict of torch.compile's options (e.g. {{'mode': 'max-autotune'}}), "
                             f'got {compile!r}')
@@ -122,6 +122,19 @@ class Learner:
         if skip_nonfinite: defaults.append(SkipNonFinite())
         if fork_points: defaults.append(Learner.fork_points_factory(fork_points))
         self.add_cbs(defaults + list(cbs))
+
+    @staticmethod
+    def _make_strategy(strategy, distributed, sync_bn):
+        "'auto': DDP in a process group, else one process; 'ddp'; 'fsdp'; or a strategy object, e.g. `FSDP(wrap=...)`."
+        if not isinstance(strategy, str): return strategy
+        if strategy not in ('auto', 'ddp', 'fsdp'):
+            raise ValueError(f"strategy must be 'auto', 'ddp', 'fsdp' or a strategy object such as nbtrainer.fsdp.FSDP(...), "
+                             f'got {strategy!r}')
+        if strategy == 'auto':
+            if not (_distributed_run() if distributed is None else distributed): return SingleProcess()
+            strategy = 'ddp'
+        elif distributed is False: raise ValueError(f'distributed=False contradicts strategy={strategy!r}: drop one of them')
+        return (Learner.fsdp_factory if strategy == 'fsdp' else Learner.distributed_factory)(sync_bn)
 
     # ---- the parts, and the names callbacks have always read through the Learner ----
     def parts(self):
