@@ -384,15 +384,17 @@ def _load_tensors(learn, state, path, optimizer=True):
     "The checkpoint's weights (and optimizer state) into the Learner: each rank reads what it holds of a sharded one."
     if state.get('sharded') or learn.strategy.sharded:
         import torch.distributed.checkpoint as dcp
+        from functools import partial
+        dcp_load = partial(dcp.load, no_dist=not torch.distributed.is_initialized())  # one process: say so, no warning
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                              set_model_state_dict, set_optimizer_state_dict, set_state_dict)
     if state.get('sharded'):
         if not optimizer:
             model_state = get_model_state_dict(learn.model)
-            dcp.load({'model': model_state}, checkpoint_id=path)
+            dcp_load({'model': model_state}, checkpoint_id=path)
             return set_model_state_dict(learn.model, model_state)
         model_state, opt_state = get_state_dict(learn.model, learn.opt)
-        dcp.load({'model': model_state, 'optimizer': opt_state}, checkpoint_id=path)  # into this rank's shards
+        dcp_load({'model': model_state, 'optimizer': opt_state}, checkpoint_id=path)  # into this rank's shards
         return set_state_dict(learn.model, learn.opt, model_state_dict=model_state, optim_state_dict=opt_state)
     if learn.strategy.sharded:  # a plain checkpoint into a sharded model: every rank keeps its shards of the whole
         whole = StateDictOptions(full_state_dict=True)

@@ -45,3 +45,163 @@ def test_two_ranks_equal_one_process_with_the_global_batch(opt_func, n, accumula
     ref, ref_steps = hand_written(opt_func, n, accumulate, 2)
     assert steps == ref_steps
     assert max((weights[k] - ref[k]).abs().max().item() for k in ref) < 1e-5
+
+
+# ---- bf16: FSDP's MixedPrecisionPolicy against one process under autocast ----
+
+def rank_batches(n, epochs, world=2):
+    "Each global batch as its per-rank parts, in DistributedSampler's order, padding left out."
+    from torch.utils.data import DistributedSampler
+    ds, out = dataset(n), []
+    for epoch in range(epochs):
+        shards = []
+        for r in range(world):
+            sampler = DistributedSampler(ds, num_replicas=world, rank=r, shuffle=True, seed=5)
+            sampler.set_epoch(epoch)
+            shards.append([i for j, i in enumerate(sampler) if r + j * world < n])
+        per_rank = math.ceil(n / world)
+        out.append([[s[b:b + B] for s in shards] for b in range(0, per_rank, B)])
+    return ds, out
+
+
+def hand_written_bf16(n, accumulate, epochs, per_rank):
+    """One process, bf16 autocast, SGD. `per_rank`: each rank's part of a global batch goes through forward and backward
+    on its own (bf16 rounds each part's gradient, as each rank does), else the global batch at once."""
+    ds, epochs_batches = rank_batches(n, epochs)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for batches in epochs_batches:
+        for w in range(0, len(batches), accumulate):
+            window = batches[w:w + accumulate]
+            count = sum(len(part) for parts in window for part in parts)
+            for parts in window:
+                for part in (parts if per_rank else [sum(parts, [])]):
+                    if not part: continue
+                    x, y = ds[part]
+                    with torch.autocast('cpu', dtype=torch.bfloat16):
+                        loss = F.cross_entropy(model(x), y, reduction='sum') / count
+                    loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return model.state_dict()
+
+
+def train_bf16(n, accumulate, precision):
+    learn = Learner(make_model(), loader(dataset(n)), opt_func=torch.optim.SGD, lr=0.05, metrics=(), accumulate=accumulate,
+                    progress=False, precision=precision, strategy=FSDP(wrap=nn.Linear))
+    dtypes = set()
+    learn.model[0].register_forward_pre_hook(lambda m, args: dtypes.add(m.weight.dtype))  # after FSDP's gather
+    learn.fit(2)
+    return full_weights(learn), dtypes
+
+
+@pytest.mark.parametrize('n, accumulate', [(48, 1), (45, 2)])
+def test_bf16_equals_one_process_under_autocast(n, accumulate):
+    """bf16 rounds where the sums are taken: a rank's gradient is the bf16 gradient of its part of the global batch,
+    the parts then summed in fp32 (reduce_dtype). A one-process reference that computes each rank's part separately
+    under autocast does the same arithmetic, so it agrees to fp32 rounding. The reference that takes the global batch
+    at once rounds other sums: it differs by bf16's rounding (8 bits of mantissa), about as much as fp32 differs from
+    bf16, which is the tolerance for that comparison."""
+    weights, dtypes = launch(train_bf16, nprocs=2, args=(n, accumulate, 'bf16'))
+    assert dtypes == {torch.bfloat16}  # FSDP gathered the weights in bf16 for the forward pass
+    same_parts = hand_written_bf16(n, accumulate, 2, per_rank=True)
+    assert max((weights[k] - same_parts[k]).abs().max().item() for k in weights) < 1e-6  # 0.0 here
+    whole = hand_written_bf16(n, accumulate, 2, per_rank=False)
+    fp32, _ = hand_written(torch.optim.SGD, n, accumulate, 2)
+    bf16_effect = max((whole[k] - fp32[k]).abs().max().item() for k in weights)
+    assert bf16_effect > 2e-5  # 20x fp32's agreement (1e-6): bf16 changes the result, the comparisons mean something
+    assert max((weights[k] - whole[k]).abs().max().item() for k in weights) < 2 * bf16_effect
+
+
+# ---- sharded checkpoints: kill and resume, one process, plain into FSDP ----
+
+WORKER = str(ROOT / 'tests' / 'fsdp_worker.py')
+ENV = {**os.environ, 'OMP_NUM_THREADS': '1'}
+TORCHRUN = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node=2']
+
+
+def run_worker(folder, *args):
+    subprocess.run(TORCHRUN + [WORKER, str(folder), *args], check=True, timeout=600, env=ENV,
+                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return torch.load(folder / 'final.pt', weights_only=True)
+
+
+def killed_mid_fit(folder, *args):
+    "Start the worker slowed down, and SIGKILL torchrun and both ranks once they are past step 10."
+    proc = subprocess.Popen(TORCHRUN + [WORKER, str(folder), '--slow', *args], env=ENV, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 180
+    while not all((folder / f'started-{r}').exists() for r in range(2)):
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert time.time() < deadline, 'the worker never reached step 10'
+        time.sleep(0.05)
+    time.sleep(0.3)  # a few more batches, perhaps into a save
+    for r in range(2): os.kill(int((folder / f'started-{r}').read_text()), signal.SIGKILL)  # no handler: a lost machine
+    os.killpg(proc.pid, signal.SIGKILL)  # and torchrun (its workers run in sessions of their own)
+    proc.wait(30)
+    time.sleep(0.5)
+    assert not (folder / 'final.pt').exists()
+
+
+@pytest.mark.parametrize('args', [(), ('--accumulate', '2', '--precision', 'bf16')])
+def test_killed_and_resumed_from_sharded_checkpoints_is_bit_identical(tmp_path, args):
+    straight = run_worker(tmp_path / 'straight', *args)
+    folder = tmp_path / 'killed'
+    killed_mid_fit(folder, *args)
+    kept = sorted(p.name for p in (folder / 'checkpoints').glob('step-*.pt'))
+    assert kept and all((folder / 'checkpoints' / k).is_dir() for k in kept)  # folders of shards
+    resumed = run_worker(folder, '--resume', *args)
+    assert straight['start'] == 0 and 8 <= resumed['start'] < resumed['step'] and resumed['start'] % 4 == 0  # mid-fit
+    assert straight['step'] == resumed['step'] == 60 // int(dict(zip(args[::2], args[1::2])).get('--accumulate', 1))
+    assert all(torch.equal(straight['model'][k], resumed['model'][k]) for k in straight['model'])
+    assert torch.equal(straight['preds'], resumed['preds'])
+    assert straight['history'] == resumed['history']
+    assert not list((folder / 'checkpoints').glob('.*.tmp'))  # a save the kill cut short was cleaned up
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+    "A finished FSDP run: its sharded checkpoints, and the whole weights and predictions the ranks gathered."
+    folder = tmp_path_factory.mktemp('fsdp')
+    return folder, run_worker(folder)
+
+
+def test_a_sharded_checkpoint_loads_into_a_bare_model_in_one_process(trained, tmp_path):
+    import fsdp_worker
+    folder, final = trained
+    x = fsdp_worker.probe_inputs()
+    # learn.load in one process: no process group, each tensor read whole from the two ranks' shards
+    learn = Learner(fsdp_worker.make_model(), [(x, torch.zeros(16, dtype=torch.long))], opt_func=torch.optim.AdamW,
+                    progress=False, lr=1e-2)
+    assert not learn.distributed
+    with pytest.warns(UserWarning, match='callbacks this Learner lacks'):  # the run's FSDP strategy and Checkpointer
+        learn.load(folder / 'last.pt', check_data=False)  # its own data, not the run's
+    learn.model.eval()
+    with torch.no_grad(): assert torch.equal(learn.model(x), final['preds'])
+    assert all(torch.equal(learn.model.state_dict()[k], final['model'][k]) for k in final['model'])
+    assert len(learn.opt.state) == len(list(learn.model.parameters()))  # the AdamW moments came too
+    # converted to one plain file, read by torch alone into a bare model
+    plain = plain_checkpoint(folder / 'last.pt', tmp_path / 'plain.pt')
+    bare = fsdp_worker.make_model().eval()
+    bare.load_state_dict(torch.load(plain, weights_only=True)['model'])
+    with torch.no_grad(): assert torch.equal(bare(x), final['preds'])
+
+
+def resume_in_fsdp(checkpoint):
+    "One more epoch of the worker's run, resumed under FSDP from `checkpoint` (a sharded folder or a plain file)."
+    import fsdp_worker
+    from torch.utils.data import DataLoader
+    learn = Learner(fsdp_worker.make_model(), DataLoader(fsdp_worker.data(), batch_size=8, shuffle=True), lr=1e-2,
+                    opt_func=torch.optim.AdamW, clip_grad_norm=1.0, progress=False, metrics=(),
+                    strategy=FSDP(wrap=nn.Linear))
+    learn.fit(4, resume=str(checkpoint))
+    return full_weights(learn), learn.step
+
+
+def test_a_plain_checkpoint_loads_into_an_fsdp_run(trained, tmp_path):
+    folder, _ = trained
+    plain = plain_checkpoint(folder / 'checkpoints' / 'epoch-2.pt', tmp_path / 'plain.pt')
+    from_shards, steps = launch(resume_in_fsdp, nprocs=2, args=(folder / 'checkpoints' / 'epoch-2.pt',))
+    from_plain, steps_plain = launch(resume_in_fsdp, nprocs=2, args=(plain,))
+    assert steps == steps_plain == 80  # 60 steps in 3 epochs, one more epoch of 20
+    assert all(torch.equal(from_shards[k], from_plain[k]) for k in from_shards)
