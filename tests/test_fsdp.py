@@ -38,6 +38,8 @@ def train_fsdp(opt_func, n, accumulate, epochs, strategy):
     (torch.optim.Adam, 45, 1, FSDP(wrap=nn.Linear)),   # a unit per Linear; rank 1 repeats an example
     (torch.optim.SGD, 45, 2, FSDP(min_params=50)),     # accumulation over an uneven epoch end; units by size
     (torch.optim.Adam, 46, 3, FSDP(wrap=nn.Linear, reshard_after_forward=False)),
+    (torch.optim.Adam, 45, 2, FSDP(wrap=nn.Linear, activation_checkpointing=True)),
+    (torch.optim.SGD, 45, 1, FSDP(wrap=nn.Linear, cpu_offload=True)),  # on the CPU already: the same arithmetic
 ])
 def test_two_ranks_equal_one_process_with_the_global_batch(opt_func, n, accumulate, strategy):
     weights, steps, sharded = launch(train_fsdp, nprocs=2, args=(opt_func, n, accumulate, 2, strategy))
@@ -205,3 +207,55 @@ def test_a_plain_checkpoint_loads_into_an_fsdp_run(trained, tmp_path):
     from_plain, steps_plain = launch(resume_in_fsdp, nprocs=2, args=(plain,))
     assert steps == steps_plain == 80  # 60 steps in 3 epochs, one more epoch of 20
     assert all(torch.equal(from_shards[k], from_plain[k]) for k in from_shards)
+
+
+class CountForwards(Callback):
+    "How many times the first Linear's forward ran during training batches."
+    def __init__(self): self.n = 0
+    def before_fit(self):
+        self.learn.model[0].register_forward_pre_hook(lambda m, a: setattr(self, 'n', self.n + self.learn.training))
+
+
+def forwards_per_batch(checkpointing):
+    counter = CountForwards()
+    learn = Learner(make_model(), loader(dataset(32)), metrics=(), progress=False, cbs=[counter],
+                    strategy=FSDP(wrap=nn.Linear, activation_checkpointing=checkpointing))
+    learn.fit(1)
+    return counter.n / learn.step
+
+
+def test_activation_checkpointing_recomputes_each_unit_in_backward():
+    assert launch(forwards_per_batch, nprocs=2, args=(False,)) == 1
+    assert launch(forwards_per_batch, nprocs=2, args=(True,)) == 2  # forward, then again in backward
+
+
+# ---- memory per rank ----
+
+class Measure(Callback):
+    "memory_per_rank after the first step, while the gradients are still there (zero_grad comes after after_step)."
+    def after_step(self):
+        if self.learn.step == 1: self.bytes = memory_per_rank(self.learn)
+
+
+def measure(strategy, width):
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(4)])
+    ds = torch.utils.data.TensorDataset(torch.randn(16, width), torch.randn(16, width))
+    m = Measure()
+    learn = Learner(model, torch.utils.data.DataLoader(ds, batch_size=4), loss_func=F.mse_loss, metrics=(), progress=False,
+                    strategy=strategy, cbs=[m])
+    learn.fit(steps=1)
+    return m.bytes, dist.get_world_size()
+
+
+@pytest.mark.parametrize('width', [64, 63])  # 63: rows do not split evenly, FSDP pads the shards
+def test_fsdp_holds_half_of_what_ddp_holds_on_two_ranks(width):
+    ddp, world = launch(measure, nprocs=2, args=('ddp', width))
+    fsdp, _ = launch(measure, nprocs=2, args=(FSDP(wrap=nn.Linear), width))
+    n = 4 * (width * width + width)  # parameters
+    steps = 8 * 4  # AdamW's step counter: a float32 scalar per parameter tensor, on every rank
+    assert ddp == {'parameters': 4 * n, 'gradients': 4 * n, 'optimizer': 2 * 4 * n + steps, 'total': 16 * n + steps}
+    padding = 4 * 4 * width * 4  # at most a row per weight, for the weights, gradients and both Adam moments
+    for part in ('parameters', 'gradients'):
+        assert ddp[part] / world <= fsdp[part] <= ddp[part] / world + padding / 4
+    assert fsdp['total'] <= ddp['total'] / world + padding + steps
