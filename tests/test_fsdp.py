@@ -259,3 +259,36 @@ def test_fsdp_holds_half_of_what_ddp_holds_on_two_ranks(width):
     for part in ('parameters', 'gradients'):
         assert ddp[part] / world <= fsdp[part] <= ddp[part] / world + padding / 4
     assert fsdp['total'] <= ddp['total'] / world + padding + steps
+
+
+# ---- a window whose last micro-batch is cancelled ----
+
+class CancelSecond(Callback):
+    "Cancel each window's second micro-batch before its backward: the step uses the first one's gradients alone."
+    def before_backward(self):
+        from nbtrainer import CancelBatchException
+        if self.learn.window_batch == 1: raise CancelBatchException()
+
+
+def train_cancelling(strategy):
+    learn = Learner(make_model(), loader(dataset(48)), opt_func=torch.optim.Adam, lr=0.05, metrics=(), accumulate=2,
+                    progress=False, strategy=strategy, cbs=[CancelSecond()])
+    learn.fit(2)
+    return full_weights(learn) if learn.strategy.sharded else dict(learn.model.module.state_dict()), learn.step
+
+
+@pytest.mark.parametrize('strategy', ['ddp', FSDP(wrap=nn.Linear)])
+def test_a_cancelled_last_micro_batch_still_reduces_the_window(strategy):
+    "Its gradients never reached a reduce-scatter: the strategy reduces what the window has before the step."
+    weights, steps = launch(train_cancelling, nprocs=2, args=(strategy,))
+    ds, epochs_batches = global_batches(48, 2)
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    for batches in epochs_batches:
+        for b in batches[::2]:  # each window's first global batch
+            x, y = ds[b]
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    assert steps == 6
+    assert max((weights[k] - model.state_dict()[k]).abs().max().item() for k in weights) < 1e-5
