@@ -384,8 +384,10 @@ def _load_tensors(learn, state, path, optimizer=True):
     "The checkpoint's weights (and optimizer state) into the Learner: each rank reads what it holds of a sharded one."
     if state.get('sharded') or learn.strategy.sharded:
         import torch.distributed.checkpoint as dcp
-        from functools import partial
-        dcp_load = partial(dcp.load, no_dist=not torch.distributed.is_initialized())  # one process: say so, no warning
+        def dcp_load(tensors, checkpoint_id):
+            with warnings.catch_warnings():  # in one process DCP warns that it loads in one process: as intended
+                warnings.filterwarnings('ignore', message='torch.distributed is disabled')
+                dcp.load(tensors, checkpoint_id=checkpoint_id)
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                              set_model_state_dict, set_optimizer_state_dict, set_state_dict)
     if state.get('sharded'):

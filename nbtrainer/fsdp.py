@@ -1,4 +1,4 @@
-"""Models that outgrow one device.
+"""Models that outgrow one device: `Learner(..., strategy='fsdp')` shards the weights, gradients and optimizer state over the ranks, and checkpoints are sharded folders that resume bit for bit.
 
 Docs: https://nbtrainer.github.io/nbtrainer/fsdp.html.md"""
 
@@ -7,7 +7,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/fsdp.html.md"""
 # %% auto #0
 __all__ = ['FSDP', 'memory_per_rank']
 
-# %% ../nbs/15b_fsdp.ipynb #e57c571e
+# %% ../nbs/15b_fsdp.ipynb #9b80d85f
 import contextlib
 
 import torch
@@ -17,7 +17,7 @@ from .core import Learner
 from .distributed import DistributedTrainer
 from .rng import preserve_rng
 
-# %% ../nbs/15b_fsdp.ipynb #9b80d85f
+# %% ../nbs/15b_fsdp.ipynb #11d9ee39
 def _post_order(module):
     "The submodules of `module`, innermost first, `module` last."
     for child in module.children(): yield from _post_order(child)
@@ -108,7 +108,7 @@ class FSDP(DistributedTrainer):
 
 Learner.fsdp_factory = lambda sync_bn: FSDP(sync_bn=sync_bn)  # Learner(strategy='fsdp')
 
-# %% ../nbs/15b_fsdp.ipynb #94c04a91
+# %% ../nbs/15b_fsdp.ipynb #ab5f6e73
 def _local_bytes(t):
     from torch.distributed.tensor import DTensor
     t = t.to_local() if isinstance(t, DTensor) else t
