@@ -206,7 +206,7 @@ def _batch_rows(state, path):
 def save(learn, path, batches_file=None):
     """Write the whole training state to `path`, atomically; returns the path. The per-batch rows go to `batches_file`,
     by default `batches-<run id>.f64` beside it, appended to: a save costs the same at step 1,000 and at 1,000,000.
-    Under DDP every rank calls it; rank 0 writes. Under FSDP every rank calls it and writes its shards: `path` is a folder."""
+    Under DDP every rank calls it; rank 0 writes. Under FSDP every rank calls it and writes its shards in a folder."""
     state = training_state(learn)  # every rank takes part: the strategy's collectives
     if batches_file is None: batches_file = Path(path).parent / f'batches-{learn.progress.run_id}.f64'
     if learn.strategy.sharded: return _save_shards(learn, state, Path(path), Path(batches_file))
@@ -359,22 +359,22 @@ def _save_shards(learn, state, path, batches_file):
     return path
 
 def _read_shards(path):
-    "A sharded checkpoint's `state.pt`, checked with its DCP metadata and shard files; the model's tensors as shapes only."
+    "A sharded checkpoint's `state.pt`, checked with its metadata and shards; the model's tensors as shapes only."
     from torch.distributed.checkpoint import FileSystemReader
     state = read_checkpoint(path / STATE_FILE)
     try: meta = FileSystemReader(path).read_metadata()
-    except Exception as e: raise ValueError(f'{path} is not a readable sharded checkpoint: its DCP metadata: {e}') from None
+    except Exception as e: raise ValueError(f'{path} is not a readable sharded checkpoint (its metadata: {e})') from None
     for info in meta.storage_data.values():
         shard = path / info.relative_path
         if not shard.is_file() or shard.stat().st_size < info.offset + info.length:
-            raise ValueError(f'{path} is incomplete: its shard file {info.relative_path} is missing or truncated (a bad copy?). '
-                             'resume=True skips it for the newest intact checkpoint')
+            raise ValueError(f'{path} is incomplete: its shard file {info.relative_path} is missing or truncated '
+                             '(a bad copy?). resume=True skips it for the newest intact checkpoint')
     state['model'] = {k[len('model.'):]: torch.empty(m.size, dtype=m.properties.dtype, device='meta')
                       for k, m in meta.state_dict_metadata.items() if k.startswith('model.') and hasattr(m, 'size')}
     return state
 
 def _by_name(learn, opt_state):
-    "A plain optimizer state_dict keyed by parameter names, as DCP's `set_optimizer_state_dict` reads it, not positions."
+    "A plain optimizer state_dict keyed by parameter names, as DCP's `set_optimizer_state_dict` reads it."
     names = {id(p): n for n, p in learn.model.named_parameters()}
     order = [names[id(p)] for g in learn.opt.param_groups for p in g['params']]
     return {'state': {order[i]: s for i, s in opt_state['state'].items()},
@@ -388,8 +388,9 @@ def _load_tensors(learn, state, path, optimizer=True):
             with warnings.catch_warnings():  # in one process DCP warns that it loads in one process: as intended
                 warnings.filterwarnings('ignore', message='torch.distributed is disabled')
                 dcp.load(tensors, checkpoint_id=checkpoint_id)
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                             set_model_state_dict, set_optimizer_state_dict, set_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions, get_model_state_dict, get_state_dict, set_model_state_dict, set_optimizer_state_dict,
+            set_state_dict)
     if state.get('sharded'):
         if not optimizer:
             model_state = get_model_state_dict(learn.model)
@@ -401,13 +402,14 @@ def _load_tensors(learn, state, path, optimizer=True):
     if learn.strategy.sharded:  # a plain checkpoint into a sharded model: every rank keeps its shards of the whole
         whole = StateDictOptions(full_state_dict=True)
         set_model_state_dict(learn.model, state['model'], options=whole)
-        if optimizer: set_optimizer_state_dict(learn.model, learn.opt, _by_name(learn, state['optimizer']), options=whole)
+        if optimizer:
+            set_optimizer_state_dict(learn.model, learn.opt, _by_name(learn, state['optimizer']), options=whole)
         return
     _load_model(learn.model, state['model'])
     if optimizer: learn.opt.load_state_dict(state['optimizer'])
 
 def plain_checkpoint(folder, path):
-    "Convert the sharded checkpoint `folder` into one plain checkpoint file at `path`, for `learn.load` or `torch.load` alone."
+    "Convert the sharded checkpoint `folder` into one plain checkpoint file at `path`, which `torch.load` reads alone."
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     folder, path = Path(folder), Path(path)
     state = read_checkpoint(folder)

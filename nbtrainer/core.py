@@ -92,7 +92,7 @@ class Learner:
         self.progress = FitProgress()
         self.strategy = self._make_strategy(strategy, distributed, sync_bn)
         # the strategy wraps (or shards) the model and shards the loader before anything else sees them
-        self.model, train_dl = self.strategy.prepare(model.to(self.device), self.device, train_dl, precision=self.precision)
+        self.model, train_dl = self.strategy.prepare(model.to(self.device), self.device, train_dl, self.precision)
         if not isinstance(compile, (bool, dict)):
             raise TypeError(f"compile must be True, False or a dict of torch.compile's options (e.g. {{'mode': 'max-autotune'}}), "
                             f'got {compile!r}')
@@ -128,12 +128,12 @@ class Learner:
         "'auto': DDP in a process group, else one process; 'ddp'; 'fsdp'; or a strategy object, e.g. `FSDP(wrap=...)`."
         if not isinstance(strategy, str): return strategy
         if strategy not in ('auto', 'ddp', 'fsdp'):
-            raise ValueError(f"strategy must be 'auto', 'ddp', 'fsdp' or a strategy object such as nbtrainer.fsdp.FSDP(...), "
-                             f'got {strategy!r}')
+            raise ValueError(f"strategy must be 'auto', 'ddp', 'fsdp' or a strategy object such as "
+                             f'nbtrainer.fsdp.FSDP(...), got {strategy!r}')
         if strategy == 'auto':
             if not (_distributed_run() if distributed is None else distributed): return SingleProcess()
             strategy = 'ddp'
-        elif distributed is False: raise ValueError(f'distributed=False contradicts strategy={strategy!r}: drop one of them')
+        elif distributed is False: raise ValueError(f'distributed=False contradicts strategy={strategy!r}: drop one')
         return (Learner.fsdp_factory if strategy == 'fsdp' else Learner.distributed_factory)(sync_bn)
 
     # ---- the parts, and the names callbacks have always read through the Learner ----

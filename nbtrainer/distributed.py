@@ -251,11 +251,15 @@ class DistributedTrainer(SingleProcess, Callback):
 
     def wrap(self, model, device, precision=None):
         "`model` in DDP (SyncBatchNorm first with `sync_bn`); the FSDP strategy shards it instead."
-        if self.sync_bn:
-            if device.type == 'cpu': raise ValueError('sync_bn=True needs GPUs: PyTorch has no SyncBatchNorm on the CPU')
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # keeps the Parameter objects
-        return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == 'cuda' else None,
+        return nn.parallel.DistributedDataParallel(self.convert_bn(model, device),
+                                                   device_ids=[device.index] if device.type == 'cuda' else None,
                                                    **_no_buffer_broadcast())
+
+    def convert_bn(self, model, device):
+        "With `sync_bn`, BatchNorm layers made SyncBatchNorm (GPUs only)."
+        if not self.sync_bn: return model
+        if device.type == 'cpu': raise ValueError('sync_bn=True needs GPUs: PyTorch has no SyncBatchNorm on the CPU')
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model)  # keeps the Parameter objects
 
     def sync_gradients(self, model, sync):
         "Whether this micro-batch's backward reduces the gradients over the ranks (DDP's `no_sync` when False)."

@@ -1,4 +1,4 @@
-"""Models that outgrow one device: `Learner(..., strategy='fsdp')` shards the weights, gradients and optimizer state over the ranks, and checkpoints are sharded folders that resume bit for bit.
+"""Models that outgrow one device: `strategy='fsdp'` shards weights, gradients and optimizer state over the ranks.
 
 Docs: https://nbtrainer.github.io/nbtrainer/fsdp.html.md"""
 
@@ -8,8 +8,6 @@ Docs: https://nbtrainer.github.io/nbtrainer/fsdp.html.md"""
 __all__ = ['FSDP', 'memory_per_rank']
 
 # %% ../nbs/15b_fsdp.ipynb #9b80d85f
-import contextlib
-
 import torch
 from torch import nn
 
@@ -24,19 +22,19 @@ def _post_order(module):
     yield module
 
 class FSDP(DistributedTrainer):
-    "The FSDP2 strategy: each rank holds a shard of the weights, gradients and optimizer state; data, losses and metrics as DDP."
+    "The FSDP2 strategy: a rank holds a shard of the weights, gradients and optimizer state; data and metrics as DDP."
     sharded = True
 
     def __init__(self, wrap=None, min_params=None, reshard_after_forward=None, cpu_offload=False,
                  activation_checkpointing=False, sync_bn=False, check_every=16):
-        if wrap is not None and not (isinstance(wrap, type) or callable(wrap) or
-                                     (isinstance(wrap, tuple) and all(isinstance(c, type) for c in wrap))):
+        classes = isinstance(wrap, tuple) and all(isinstance(c, type) for c in wrap)
+        if wrap is not None and not (callable(wrap) or classes):
             raise TypeError(f'wrap must be a module class, a tuple of them or a function of a module, got {wrap!r}')
         if min_params is not None and not (isinstance(min_params, int) and min_params > 0):
             raise ValueError(f'min_params must be an int > 0 (parameters in a unit of its own), got {min_params!r}')
         if activation_checkpointing and wrap is None and min_params is None:
-            raise ValueError('activation_checkpointing recomputes the activations of each sharded unit: choose the units '
-                             'with wrap=<block class> or min_params=N')
+            raise ValueError('activation_checkpointing recomputes the activations of each sharded unit: '
+                             'choose the units with wrap=<block class> or min_params=N')
         super().__init__(sync_bn=sync_bn, check_every=check_every)
         self.wrap_policy, self.min_params, self.reshard_after_forward = wrap, min_params, reshard_after_forward
         self.cpu_offload, self.activation_checkpointing = bool(cpu_offload), bool(activation_checkpointing)
@@ -47,8 +45,8 @@ class FSDP(DistributedTrainer):
         chosen, taken = [], set()  # parameters already in a chosen unit
         for m in _post_order(model):
             if m is model: continue
-            if self.wrap_policy is not None:
-                pick = isinstance(m, self.wrap_policy) if isinstance(self.wrap_policy, (type, tuple)) else self.wrap_policy(m)
+            policy = self.wrap_policy
+            if policy is not None: pick = isinstance(m, policy) if isinstance(policy, (type, tuple)) else policy(m)
             else: pick = self.min_params is not None and sum(
                 p.numel() for p in m.parameters() if id(p) not in taken) >= self.min_params
             if pick:
@@ -61,20 +59,18 @@ class FSDP(DistributedTrainer):
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
         name = getattr(precision, 'name', precision or 'fp32')
         if name == 'fp16':
-            raise ValueError("precision='fp16' under FSDP needs a gradient scaler that agrees over the shards, which nbtrainer "
-                             "does not have: use precision='bf16' (same memory, no loss scaling), or strategy='ddp'")
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if name == 'bf16' else MixedPrecisionPolicy()
-        kwargs = dict(mp_policy=mp)
+            raise ValueError("precision='fp16' under FSDP needs a gradient scaler that agrees over the shards, which "
+                             "nbtrainer does not have: use precision='bf16' (no loss scaling), or strategy='ddp'")
+        bf16 = dict(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)  # gathered in bf16, reduced in fp32
+        kwargs = dict(mp_policy=MixedPrecisionPolicy(**(bf16 if name == 'bf16' else {})))
         if self.cpu_offload: kwargs['offload_policy'] = CPUOffloadPolicy(pin_memory=device.type == 'cuda')
         return kwargs
 
     def wrap(self, model, device, precision=None):
-        "Shard `model` with `fully_shard`: each chosen unit (checkpointed if asked), then the root; rank 0's weights first."
+        "Shard `model` with `fully_shard`: each unit (checkpointed if asked), then the root; rank 0's weights first."
         from torch.distributed.fsdp import fully_shard
         import torch.distributed as dist
-        if self.sync_bn:
-            if device.type == 'cpu': raise ValueError('sync_bn=True needs GPUs: PyTorch has no SyncBatchNorm on the CPU')
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model = self.convert_bn(model, device)
         for t in [*model.parameters(), *model.buffers()]: dist.broadcast(t.detach(), src=0)  # as DDP does: one model
         kwargs, self.units = self.options(device, precision), self.units_of(model)
         for unit in self.units:
@@ -86,13 +82,13 @@ class FSDP(DistributedTrainer):
         return self.root
 
     def sync_gradients(self, model, sync):
-        "Reduce-scatter the gradients at the window's last micro-batch; at every one when the loader's length is unknown."
+        "Reduce-scatter the gradients at a window's last micro-batch; at every one when the loader's length is unknown."
         self.root.set_requires_gradient_sync(sync or self.learn.data_pass.n_batches is None)
 
     def after_backward(self): self._unsynced = self.learn.accumulating and self.learn.data_pass.n_batches is not None
 
     def before_step(self):
-        "A window whose last micro-batch never reached backward (a callback cancelled it): a backward of zero reduces it."
+        "A window whose last micro-batch never reached backward (a callback cancelled it): a zero backward reduces it."
         if not self._unsynced: return
         learn, self._unsynced = self.learn, False
         self.root.set_requires_gradient_sync(True)
@@ -102,8 +98,8 @@ class FSDP(DistributedTrainer):
             with preserve_rng(learn.device), learn.precision.autocast():
                 out = learn.model(**learn.xb) if isinstance(learn.xb, dict) else learn.model(*learn.xb)
         finally: learn.model.train(mode)
-        tensors = [t for t in (out.values() if isinstance(out, dict) else out if isinstance(out, (list, tuple)) else [out])
-                   if isinstance(t, torch.Tensor) and t.requires_grad]
+        outs = out.values() if isinstance(out, dict) else out if isinstance(out, (list, tuple)) else [out]
+        tensors = [t for t in outs if isinstance(t, torch.Tensor) and t.requires_grad]
         (sum(t.float().sum() for t in tensors) * 0).backward()
 
 Learner.fsdp_factory = lambda sync_bn: FSDP(sync_bn=sync_bn)  # Learner(strategy='fsdp')
@@ -115,7 +111,7 @@ def _local_bytes(t):
     return t.numel() * t.element_size()
 
 def memory_per_rank(learn):
-    "Bytes this rank holds of the parameters, gradients and optimizer state: its shards under FSDP, everything under DDP."
+    "Bytes this rank holds of the parameters, gradients and optimizer state: its shards under FSDP, all under DDP."
     params = list(learn.model.parameters())
     opt = [v for state in learn.opt.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
     out = {'parameters': sum(_local_bytes(p) for p in params),

@@ -162,7 +162,7 @@ class SingleProcess:
     agree_every = 1  # any_rank's cost: every step here; DDP asks every `check_every` steps (a collective and a read)
 
     sharded = False  # FSDP: each rank holds a shard of the weights, and checkpoints are folders of shards
-    def prepare(self, model, device, train_dl, precision=None): return model, train_dl  # DDP wraps, and shards the loader
+    def prepare(self, model, device, train_dl, precision=None): return model, train_dl  # DDP wraps, shards the loader
     def mask_padding(self, learn, weights): return weights  # DDP: the repeated example gets weight 0
     def count_examples(self, learn): pass  # DDP: the window's counts made global
     def eval_loader(self, learn, dl): return dl  # DDP: a shard, whose metric states are summed at its end

@@ -2,11 +2,11 @@
 
     torchrun --nproc-per-node=2 fsdp_worker.py FOLDER [--resume] [--slow] [--accumulate N] [--precision bf16]
 
-Shuffled data, dropout, AdamW, clipping, a unit per Linear, a Checkpointer every 4 steps (sharded: folders). With --slow
-it sleeps 20 ms a batch and writes its pid to FOLDER/started-<rank> after step 10, so that a test can kill it mid-fit. At the end
-every rank takes part in gathering the whole weights and the predictions on fixed inputs, and in a last sharded save
-(FOLDER/last.pt, a folder); rank 0 saves FOLDER/final.pt (weights, predictions, step, history without times, and the
-step the fit started at).
+Shuffled data, dropout, AdamW, clipping, a unit per Linear, a Checkpointer every 4 steps (sharded: folders). With
+--slow it sleeps 20 ms a batch and writes its pid to FOLDER/started-<rank> after step 10, so that a test can kill it
+mid-fit. At the end every rank takes part in gathering the whole weights and the predictions on fixed inputs, and in
+a last sharded save (FOLDER/last.pt, a folder); rank 0 saves FOLDER/final.pt (weights, predictions, step, history
+without times, and the step the fit started at).
 """
 import os, sys, time
 from pathlib import Path

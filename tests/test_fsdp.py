@@ -15,7 +15,8 @@ from conftest import ROOT
 from nbtrainer import FSDP, Callback, Checkpointer, Learner, launch, memory_per_rank, plain_checkpoint
 from test_distributed import B, dataset, global_batches, hand_written, loader, make_model
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or sys.platform != 'linux', reason='needs torch.distributed and fork')
+pytestmark = pytest.mark.skipif(not dist.is_available() or sys.platform != 'linux',
+                                reason='needs torch.distributed and fork')
 
 
 def full_weights(learn):
@@ -89,8 +90,8 @@ def hand_written_bf16(n, accumulate, epochs, per_rank):
 
 
 def train_bf16(n, accumulate, precision):
-    learn = Learner(make_model(), loader(dataset(n)), opt_func=torch.optim.SGD, lr=0.05, metrics=(), accumulate=accumulate,
-                    progress=False, precision=precision, strategy=FSDP(wrap=nn.Linear))
+    learn = Learner(make_model(), loader(dataset(n)), opt_func=torch.optim.SGD, lr=0.05, metrics=(),
+                    accumulate=accumulate, progress=False, precision=precision, strategy=FSDP(wrap=nn.Linear))
     dtypes = set()
     learn.model[0].register_forward_pre_hook(lambda m, args: dtypes.add(m.weight.dtype))  # after FSDP's gather
     learn.fit(2)
@@ -242,8 +243,8 @@ def measure(strategy, width):
     model = nn.Sequential(*[nn.Linear(width, width) for _ in range(4)])
     ds = torch.utils.data.TensorDataset(torch.randn(16, width), torch.randn(16, width))
     m = Measure()
-    learn = Learner(model, torch.utils.data.DataLoader(ds, batch_size=4), loss_func=F.mse_loss, metrics=(), progress=False,
-                    strategy=strategy, cbs=[m])
+    learn = Learner(model, torch.utils.data.DataLoader(ds, batch_size=4), loss_func=F.mse_loss, metrics=(),
+                    progress=False, strategy=strategy, cbs=[m])
     learn.fit(steps=1)
     return m.bytes, dist.get_world_size()
 

@@ -12,7 +12,8 @@ LAYERS = {
     'callback': BOTTOM, 'checks': BOTTOM, 'data': BOTTOM, 'rng': BOTTOM, 'metrics': BOTTOM, 'layers': BOTTOM,
     'precision': MIDDLE, 'recorder': MIDDLE, 'parts': MIDDLE, 'core': MIDDLE,
     'progress': TOP, 'plotting': TOP, 'checkpoint': TOP, 'loggers': TOP, 'evaluate': TOP, 'diagnose': TOP,
-    'schedule': TOP, 'lr_finder': TOP, 'liveplot': TOP, 'distributed': TOP, 'fsdp': TOP, 'control': TOP, 'dashboard': TOP,
+    'schedule': TOP, 'lr_finder': TOP, 'liveplot': TOP, 'distributed': TOP, 'fsdp': TOP, 'control': TOP,
+    'dashboard': TOP,
     'demo': TOP, 'testing': TOP, 'early_stopping': TOP, 'track': TOP, 'preemption': TOP, 'fork': TOP,
 }
 NOT_MODULES = {'__init__', '_modidx'}  # the package's front door imports everything; nbdev's index imports nothing
