@@ -293,3 +293,29 @@ def test_a_cancelled_last_micro_batch_still_reduces_the_window(strategy):
             opt.zero_grad()
     assert steps == 6
     assert max((weights[k] - model.state_dict()[k]).abs().max().item() for k in weights) < 1e-5
+
+
+# ---- the rest composes: probe (snapshot and restore), schedules, metrics over all ranks, early stopping ----
+
+def compose():
+    from nbtrainer import EarlyStopping
+    learn = Learner(make_model(), loader(dataset(45)), loader(dataset(37, seed=1), shuffle=False), lr=0.05,
+                    progress=False, strategy=FSDP(wrap=nn.Linear))
+    before = full_weights(learn)
+    learn.probe(3)  # trains 3 steps, then puts everything back (what lr_find does in one process)
+    restored = all(torch.equal(before[k], v) for k, v in full_weights(learn).items()) and not learn.opt.state
+    restored = restored and learn.step == 0
+    learn.add_cbs([EarlyStopping(patience=5)])  # after probe, which trains without validation
+    learn.fit_one_cycle(3, 0.05)
+    return restored, full_weights(learn), learn.recorder.history[-1]
+
+
+def test_probe_schedules_and_metrics_compose_with_fsdp():
+    restored, weights, row = launch(compose, nprocs=2)
+    assert restored  # probe put the sharded weights, the optimizer and the step back exactly
+    model = make_model()
+    model.load_state_dict(weights)
+    x, y = dataset(37, seed=1).tensors
+    with torch.no_grad(): logits = model(x)
+    assert abs(row['valid_loss'] - F.cross_entropy(logits, y).item()) < 1e-5  # both ranks' shards, padding counted once
+    assert abs(row['accuracy'] - (logits.argmax(1) == y).float().mean().item()) < 1e-6
