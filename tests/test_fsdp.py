@@ -4,6 +4,7 @@ The workers start with `nbtrainer.distributed.launch` (fork), except the kill-an
 tests/fsdp_worker.py as torchrun would (environment variables) and kills it for real.
 """
 import math, os, signal, subprocess, sys, time
+from pathlib import Path
 
 import pytest
 import torch
@@ -319,3 +320,21 @@ def test_probe_schedules_and_metrics_compose_with_fsdp():
     with torch.no_grad(): logits = model(x)
     assert abs(row['valid_loss'] - F.cross_entropy(logits, y).item()) < 1e-5  # both ranks' shards, padding counted once
     assert abs(row['accuracy'] - (logits.argmax(1) == y).float().mean().item()) < 1e-6
+
+
+def test_a_damaged_shard_is_refused_and_the_newest_intact_checkpoint_is_taken(trained, tmp_path):
+    import shutil
+    from nbtrainer import read_checkpoint
+    folder, _ = trained
+    kept = tmp_path / 'checkpoints'
+    shutil.copytree(folder / 'checkpoints', kept)  # modification times kept: the newest stays the newest
+    newest = max(kept.glob('*.pt'), key=os.path.getmtime)
+    assert Checkpointer(kept).latest() == str(newest)
+    shard = newest / '__1_0.distcp'
+    shard.write_bytes(shard.read_bytes()[:-100])  # a copy cut short
+    with pytest.raises(ValueError, match='__1_0.distcp is missing or truncated'): read_checkpoint(newest)
+    fallback = Checkpointer(kept).latest()
+    assert fallback != str(newest) and read_checkpoint(fallback)['sharded']
+    (Path(fallback) / 'state.pt').unlink()  # and one without its state file
+    with pytest.raises(FileNotFoundError): read_checkpoint(fallback)
+    assert Checkpointer(kept).latest() not in (str(newest), fallback)
