@@ -25,7 +25,8 @@ from .parts import Accumulation, FitProgress, SingleProcess, TrainPass
 from .core import Learner, patch_to
 from .progress import ProgressCallback
 from .plotting import plot_history
-from .checkpoint import Checkpointer, config_changes, plain_state_dict, read_checkpoint, run_config
+from .checkpoint import (Checkpointer, config_changes, plain_checkpoint, plain_state_dict, read_checkpoint,
+                                  run_config)
 from .preemption import Preemption
 from .fork import ForkPoints
 from .early_stopping import EarlyStopping
@@ -38,7 +39,7 @@ from .lr_finder import LRFinder, LRFinderResult, suggest_lrs
 from .liveplot import LivePlot
 from .distributed import (init_distributed, is_main_process, launch, rank, request_stop, shard_loader,
                                    world_size)
-from .fsdp import FullyShardedTrainer
+from .fsdp import FSDP, memory_per_rank
 from .control import Controls
 from .dashboard import Dashboard
 from .track import MLflowLogger, Run, Runs, Tracker, runs
@@ -46,14 +47,15 @@ from .track import MLflowLogger, Run, Runs, Tracker, runs
 __all__ = ['Accumulation', 'Accuracy', 'CSVLogger', 'Callback', 'CancelBackwardException', 'CancelBatchException',
            'CancelEpochException', 'CancelFitException', 'CancelStepException', 'CancelTrainException',
            'CancelValidateException', 'Checkpointer', 'ConfusionMatrix', 'Controls', 'Dashboard', 'DataWait',
-           'DataWaitWarning', 'DevicePrefetcher', 'EVENTS', 'EarlyStopping', 'Evaluation', 'ExactMatch', 'F1',
-           'FitProgress', 'ForkPoints', 'FullyShardedTrainer', 'FunctionCallback', 'FunctionMetric', 'GhostBatchNorm', 'LRFinder', 'LRFinderResult', 'Learner',
+           'DataWaitWarning', 'DevicePrefetcher', 'EVENTS', 'EarlyStopping', 'Evaluation', 'ExactMatch', 'F1', 'FSDP',
+           'FitProgress', 'ForkPoints', 'FunctionCallback', 'FunctionMetric', 'GhostBatchNorm', 'LRFinder', 'LRFinderResult', 'Learner',
            'LivePlot', 'Loss', 'MAE', 'MCC', 'MLflowLogger', 'MSE', 'Mean', 'Metric', 'MixedPrecision',
            'NonFiniteLossError', 'Order', 'ParamScheduler', 'Preemption', 'PreemptedException', 'Perplexity', 'Precision', 'ProgressCallback',
            'R2', 'RMSE', 'Recall', 'Recorder', 'Report', 'Run', 'Runs', 'SavePredictions', 'Schedule', 'Segment',
            'SingleProcess', 'SkipNonFinite', 'TensorBoardLogger', 'TrainPass', 'TopKAccuracy', 'Tracker', 'batch_size', 'config_changes', 'default_device',
-           'eval_loader', 'examples_digest', 'get_metric', 'init_distributed', 'is_main_process', 'launch', 'monitored_value',
-           'one_cycle', 'patch_to', 'plain_state_dict', 'plot_history', 'preserve_rng', 'rank',
+           'eval_loader', 'examples_digest', 'get_metric', 'init_distributed', 'is_main_process', 'launch',
+           'memory_per_rank', 'monitored_value',
+           'one_cycle', 'patch_to', 'plain_checkpoint', 'plain_state_dict', 'plot_history', 'preserve_rng', 'rank',
            'read_checkpoint', 'rebatch', 'request_stop', 'rng_state', 'run_config', 'runs', 'set_rng_state', 'shard_loader',
            'skip_batches',
            'EMA', 'ReduceLROnPlateau', 'SWA', 'Summary', 'by_depth', 'head_body', 'layer_decay',

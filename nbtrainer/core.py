@@ -134,7 +134,7 @@ class Learner:
                  lr=1e-3, metrics=None, cbs=(), device=None, progress=True, skip_nonfinite=False,
                  precision='fp32', accumulate=1, clip_grad_norm=None, compile=False, dashboard=True, distributed=None,
                  sync_bn=False, train_metrics=(), preemption=True, fork_points=0, splitter=None, deterministic=False,
-                 strategy=None):
+                 strategy='auto'):
         for name, dl in (('train_dl', train_dl), ('valid_dl', valid_dl)): check_loader(name, dl)
         if clip_grad_norm is not None: clip_grad_norm = hyperparameter('clip_grad_norm', clip_grad_norm)
         self.window = Accumulation(accumulate)  # the parts: nbs/00f_parts.ipynb
@@ -147,7 +147,7 @@ class Learner:
         self.reproducibility = _reproducibility(deterministic)  # before the model first runs
         self.param_groups = _param_groups(model, splitter, opt_func)  # the plain model's, before DDP wraps it
         names = {id(p): n for n, p in model.named_parameters()}
-        self.model, train_dl = self.strategy.prepare(model.to(self.device), self.device, train_dl)
+        self.model, train_dl = self.strategy.prepare(model.to(self.device), self.device, train_dl, self.precision)
         self.param_groups.follow(self._plain_model(), names)  # FSDP made new (sharded) parameters
         self.param_groups.on_change = self._rewrap
         if not isinstance(compile, (bool, dict)):

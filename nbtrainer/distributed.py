@@ -253,24 +253,32 @@ class DistributedTrainer(SingleProcess, Callback):
     @property
     def main_process(self): return self.rank == 0
 
-    def prepare(self, model, device, train_dl):
-        "Join the process group, wrap `model` in DDP on `device`, shard `train_dl`, then give each rank its own streams."
+    def prepare(self, model, device, train_dl, precision=None):
+        "Join the process group, wrap `model` (DDP) on `device`, shard `train_dl`, then give each rank its own streams."
         init_distributed()
         self.rank, self.world = rank(), world_size()
         self.seed = broadcast_object(torch.initial_seed())  # rank 0's: one shuffle seed for every rank's sampler
-        if self.sync_bn:
-            if device.type == 'cpu': raise ValueError('sync_bn=True needs GPUs: PyTorch has no SyncBatchNorm on the CPU')
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # keeps the Parameter objects
-        model = self.wrap(model, device)
+        model = self.wrap(model, device, precision)
         train_dl = shard_loader(train_dl, seed=self.seed)
         self.train_pad = padded_position(train_dl)
         seed_rank_streams(self.seed, self.rank)  # after the model exists: same init everywhere, distinct augmentation
         return model, train_dl
 
-    def wrap(self, model, device):
-        "DDP's wrapper (FSDP shards the model instead)."
-        return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == 'cuda' else None,
+    def wrap(self, model, device, precision=None):
+        "`model` in DDP (SyncBatchNorm first with `sync_bn`); the FSDP strategy shards it instead."
+        return nn.parallel.DistributedDataParallel(self.convert_bn(model, device),
+                                                   device_ids=[device.index] if device.type == 'cuda' else None,
                                                    **_no_buffer_broadcast())
+
+    def convert_bn(self, model, device):
+        "With `sync_bn`, BatchNorm layers made SyncBatchNorm (GPUs only)."
+        if not self.sync_bn: return model
+        if device.type == 'cpu': raise ValueError('sync_bn=True needs GPUs: PyTorch has no SyncBatchNorm on the CPU')
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model)  # keeps the Parameter objects
+
+    def sync_gradients(self, model, sync):
+        "Whether this micro-batch's backward reduces the gradients over the ranks (DDP's `no_sync` when False)."
+        model.require_backward_grad_sync = sync
 
     # ---- the strategy's collectives ----
     def barrier(self): barrier()
@@ -310,7 +318,7 @@ class DistributedTrainer(SingleProcess, Callback):
     def count_examples(self, learn):
         "Make the step's and the batch's example counts global, divided by the world size: DDP averages the ranks' gradients."
         window, dl = learn.window, learn.train_dl
-        learn.model.require_backward_grad_sync = not window.accumulating  # no_sync inside a window
+        self.sync_gradients(learn.model, not window.accumulating)  # no_sync inside a window
         if self._global_sizes and not self._user_weights and learn.tokens is None:  # from the sampler: no communication
             window.batch_examples = global_batch_size(dl, learn.iter) / self.world
             if window.index == 0:

@@ -79,13 +79,14 @@ class LRFinder(Callback):
     def after_loss(self):
         learn = self.learn
         loss = learn.loss.detach().float().item()  # a sync per batch: fine for a short diagnostic run
-        if not math.isfinite(loss): raise CancelFitException()
+        if not math.isfinite(loss) and not learn.distributed: raise CancelFitException()  # ranks stop at after_step
         n = float(learn.bs)
         self._window[0] += loss * n
         self._window[1] += n
 
     def after_step(self):
-        total, n = self._window
+        parts = self.learn.strategy.gather_object(self._window)  # every rank's share: the global batch's loss
+        total, n = sum(p[0] for p in parts), sum(p[1] for p in parts)
         self._window = [0.0, 0.0]
         if self.learn.step - self.start_step != len(self.lrs) + 1: return  # a step the fp16 scaler skipped
         raw = total / n if n else math.nan
@@ -229,8 +230,6 @@ class LRFinderResult(NamedTuple):
 @patch_to(Learner)
 def lr_find(learn, start_lr=1e-7, end_lr=10, num_it=100, stop_div=True, show=True, theme=None):
     "LR range test: `num_it` steps with the lr rising exponentially; returns an `LRFinderResult`. The learner is restored."
-    if learn.distributed:  # its stop on divergence is decided per rank, from that rank's losses
-        raise NotImplementedError('lr_find runs in one process: find the learning rate there, then train with DDP')
     finder = LRFinder(start_lr, end_lr, num_it, stop_div)
     learn.probe(num_it, cbs=[finder])  # real steps, then everything put back; no display, no file, no validation
     suggestions = suggest_lrs(finder.lrs, finder.losses, finder.div_factor, finder.margin)
@@ -242,7 +241,7 @@ def lr_find(learn, start_lr=1e-7, end_lr=10, num_it=100, stop_div=True, show=Tru
         warnings.warn(f'{learn.lr_note}: try a wider range (start_lr=1e-8, end_lr=100), more iterations (num_it=300), '
                       'or check that the model can learn at all (a loss that cannot fall, data that does not vary)',
                       stacklevel=2)
-    if show and in_jupyter() and result.lrs:
+    if show and in_jupyter() and result.lrs and learn.main_process:
         try: result.show(learn, theme)
         except ImportError:  # no ipywidgets: the static figure
             from IPython.display import display

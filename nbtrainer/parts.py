@@ -177,7 +177,8 @@ class SingleProcess:
     distributed, rank, world, main_process = False, 0, 1, True
     agree_every = 1  # any_rank's cost: every step here; DDP asks every `check_every` steps (a collective and a read)
 
-    def prepare(self, model, device, train_dl): return model, train_dl  # DDP wraps the model and shards the loader
+    sharded = False  # FSDP: each rank holds a shard of the weights, and checkpoints are folders of shards
+    def prepare(self, model, device, train_dl, precision=None): return model, train_dl  # DDP wraps, shards the loader
     def mask_padding(self, learn, weights): return weights  # DDP: the repeated example gets weight 0
     def count_examples(self, learn): pass  # DDP: the window's counts made global
     def eval_loader(self, learn, dl): return dl  # DDP: a shard, whose metric states are summed at its end
@@ -189,8 +190,6 @@ class SingleProcess:
     def any_rank(self, flag): return bool(flag)  # DDP: True on every rank if it is True on one
     def rewrap(self, model): return model  # DDP: a new wrapper when the trainable parameters change (its buckets)
     def state_dict(self): return {'world': self.world}
-    def full_state(self, model, opt): return model.state_dict(), opt.state_dict()  # FSDP: gathered from the shards
-    def load_full_state(self, model, opt, model_state, opt_state): return False  # FSDP: True, loaded into the shards
     def load_state_dict(self, state): pass
 
 # %% ../nbs/00f_parts.ipynb #7e5f5b4e

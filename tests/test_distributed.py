@@ -470,15 +470,6 @@ def sync_bn_on_cpu():
     except ValueError as e: return str(e)
 
 
-def lr_find_under_ddp():
-    try: Learner(make_model(), loader(dataset(8)), progress=False).lr_find(show=False)
-    except NotImplementedError as e: return str(e)
-
-
-def test_lr_find_under_ddp_says_to_use_one_process():
-    assert 'one process' in launch(lr_find_under_ddp, nprocs=2)
-
-
 def test_sync_bn_on_the_cpu_says_it_needs_gpus():
     assert 'needs GPUs' in launch(sync_bn_on_cpu, nprocs=2)
 
