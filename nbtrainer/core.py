@@ -678,7 +678,8 @@ class Learner:
         "Predictions and targets for `dl` (default: `valid_dl`), concatenated on the CPU; padding (weight 0) left out."
         preds, targets = [], []
         self._run_validate(self._valid_dl(dl), collect=(preds, targets))
-        return as_float32(torch.cat(preds).cpu()), (torch.cat(targets).cpu() if targets else None)
+        preds, targets = as_float32(torch.cat(preds).cpu()), (torch.cat(targets).cpu() if targets else None)
+        return self.strategy.gather_rows(preds), self.strategy.gather_rows(targets)  # DDP: every rank's, in order
 
     def predict_batch(self, batch):
         "The model's predictions for one `batch` (as a loader yields it), through `predict`, in eval mode and precision, no grad."

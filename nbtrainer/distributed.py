@@ -247,7 +247,7 @@ class DistributedTrainer(SingleProcess, Callback):
     def __init__(self, sync_bn=False, check_every=16):
         if not (isinstance(check_every, int) and check_every > 0): raise ValueError(f'check_every must be an int > 0, got {check_every!r}')
         self.sync_bn, self.check_every, self.stop_requested = sync_bn, check_every, False
-        self.train_pad = self.valid_pad = None
+        self.train_pad = self.valid_pad = self.eval_rows = None
         self._sharded = weakref.WeakKeyDictionary()  # evaluation loader -> its shard
 
     @property
@@ -331,12 +331,22 @@ class DistributedTrainer(SingleProcess, Callback):
 
     def eval_loader(self, learn, dl):
         "A shard of an evaluation `DataLoader`, whose metric states are summed over the ranks at its end."
-        self.valid_pad = None
+        self.valid_pad, self.eval_rows = None, None
         if not isinstance(dl, DataLoader): return dl  # e.g. a list of batches: each rank evaluates all of it, unsummed
         if dl not in self._sharded: self._sharded[dl] = shard_loader(dl, shuffle=False, seed=self.seed)
         sharded = self._sharded[dl]
         self.valid_pad = padded_position(sharded)
+        self.eval_rows = 'dealt' if isinstance(getattr(sharded, 'sampler', None), DistributedSampler) else 'by rank'
         return _SyncAtEnd(sharded, learn)  # sharded by us, or by its iterable dataset: sum the metrics
+
+    def gather_rows(self, rows):
+        "Every rank's rows of the last sharded evaluation: in the dataset's order when a sampler dealt them, else by rank."
+        if rows is None or self.eval_rows is None: return rows
+        parts = self.gather_object(rows)
+        if self.eval_rows == 'by rank': return torch.cat(parts)  # an iterable dataset split its stream itself
+        out = rows.new_empty((sum(len(p) for p in parts), *rows.shape[1:]))  # example i went to rank i % world
+        for r, part in enumerate(parts): out[r::self.world] = part  # padding was left out: it came last
+        return out
 
     def state_dict(self): return {'world': self.world}
 

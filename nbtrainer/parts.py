@@ -182,6 +182,7 @@ class SingleProcess:
     def mask_padding(self, learn, weights): return weights  # DDP: the repeated example gets weight 0
     def count_examples(self, learn): pass  # DDP: the window's counts made global
     def eval_loader(self, learn, dl): return dl  # DDP: a shard, whose metric states are summed at its end
+    def gather_rows(self, rows): return rows  # DDP: every rank's rows of a sharded evaluation, in the data's order
     def before_save(self, learn): pass  # DDP: the statistics every rank must agree on before a checkpoint
     def barrier(self): pass
     def broadcast_object(self, obj): return obj

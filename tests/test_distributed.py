@@ -278,15 +278,16 @@ def test_ghost_batchnorm_statistics_are_averaged_over_the_ranks(tmp_path):
 
 # ---- only rank 0 writes ----
 
-def train_with_writers(folder):
-    from nbtrainer import Checkpointer, CSVLogger, LivePlot, SavePredictions, TensorBoardLogger
+def train_with_writers(folder, strategy='auto'):
+    from nbtrainer import Checkpointer, CSVLogger, LivePlot, SavePredictions, TensorBoardLogger, Tracker
     mine = folder / f'rank{rank()}'  # each rank's writers point at its own folder: only rank 0's may appear
 
     def learner():
         cbs = [CSVLogger(mine / 'log.csv'), TensorBoardLogger(mine / 'tb', run_name='run'),
                Checkpointer(folder / 'ckpt', keep_last=1), LivePlot(path=mine / 'live.png'),
-               SavePredictions([0, 1], path=mine / 'preds.pt')]
-        return Learner(make_model(), loader(dataset(40)), DataLoader(dataset(21, seed=3), batch_size=8), cbs=cbs)
+               SavePredictions([0, 1], path=mine / 'preds.pt'), Tracker(mine / 'runs.db')]
+        return Learner(make_model(), loader(dataset(40)), DataLoader(dataset(21, seed=3), batch_size=8), cbs=cbs,
+                       strategy=strategy)
 
     learner().fit(2)
     learn = learner()
@@ -295,17 +296,19 @@ def train_with_writers(folder):
     return gather((listening, learn.step, learn.recorder.history[-1]['accuracy']))
 
 
-def test_only_rank_0_writes_files(tmp_path):
-    per_rank = launch(train_with_writers, nprocs=2, args=(tmp_path,))
+@pytest.mark.parametrize('strategy', ['ddp', 'fsdp'])
+def test_only_rank_0_writes_files(tmp_path, strategy):
+    per_rank = launch(train_with_writers, nprocs=2, args=(tmp_path, strategy))
     assert sorted(p.name for p in tmp_path.iterdir()) == ['ckpt', 'rank0']  # nothing from rank 1's writers
     written = {p.relative_to(tmp_path / 'rank0').parts[0] for p in (tmp_path / 'rank0').rglob('*') if p.is_file()}
-    assert written == {'log.csv', 'tb', 'live.png', 'preds.pt'}
+    assert written == {'log.csv', 'tb', 'live.png', 'preds.pt', 'runs.db'}
     kept = sorted(p.name for p in (tmp_path / 'ckpt').iterdir())
     assert 'epoch-2.pt' in kept and not [n for n in kept if n.startswith('.') and n != '.lock']  # rank 0's checkpoints, no leftovers
     (cbs0, step0, acc0), (cbs1, step1, acc1) = per_rank
     assert step0 == step1 == 15 and acc0 == acc1  # the same decisions and the same global metrics
-    assert {'CSVLogger', 'LivePlot', 'ProgressCallback', 'TensorBoardLogger'} <= set(cbs0)
-    assert not {'CSVLogger', 'LivePlot', 'ProgressCallback', 'TensorBoardLogger'} & set(cbs1)
+    writers = {'CSVLogger', 'LivePlot', 'ProgressCallback', 'TensorBoardLogger', 'Tracker'}
+    assert writers <= set(cbs0) and not writers & set(cbs1)
+    assert all((tmp_path / 'ckpt' / k).is_dir() == (strategy == 'fsdp') for k in kept if k.endswith('.pt'))
 
 
 # ---- stopping every rank together ----
@@ -596,3 +599,26 @@ def test_token_mean_loss_on_two_ranks_equals_one_process(accumulate):
     ddp = launch(train_tagger, nprocs=2, args=(2, accumulate))
     one = train_tagger(1, accumulate)
     assert max((ddp[k] - one[k]).abs().max().item() for k in one) < 1e-6
+
+
+# ---- get_preds: every rank's rows, back in the dataset's order ----
+
+def preds_on_ranks(strategy):
+    learn = Learner(make_model(), loader(dataset(40)), DataLoader(dataset(21, seed=3), batch_size=4), metrics=(),
+                    progress=False, strategy=strategy)
+    learn.fit(1)
+    preds, targets = learn.get_preds()
+    weights = {k: (v.full_tensor() if hasattr(v, 'full_tensor') else v).clone()
+               for k, v in learn._plain_model().state_dict().items()}
+    return preds, targets, weights
+
+
+@pytest.mark.parametrize('strategy', ['ddp', 'fsdp'])
+def test_get_preds_gathers_every_rank_in_the_datasets_order(strategy):
+    preds, targets, weights = launch(preds_on_ranks, nprocs=2, args=(strategy,))
+    model = make_model()
+    model.load_state_dict(weights)
+    x, y = dataset(21, seed=3).tensors  # 21 rows on 2 ranks: rank 1's last row is padding, left out
+    with torch.no_grad(): expected = model(x)
+    assert preds.shape == expected.shape and torch.equal(targets, y)
+    assert (preds - expected).abs().max().item() < 1e-6
