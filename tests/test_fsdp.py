@@ -394,3 +394,24 @@ def fork_points_under_fsdp():
 def test_fork_points_in_memory_are_refused_under_fsdp_before_any_step():
     message, step = launch(fork_points_under_fsdp, nprocs=2)
     assert 'Checkpointer(every_eval=True)' in message and step == 0
+
+
+# ---- fork from a sharded every-evaluation checkpoint, in a fresh Learner ----
+
+def fork_from_shards(folder):
+    def learner():
+        return Learner(make_model(), loader(dataset(48)), loader(dataset(20, seed=1), shuffle=False), lr=0.05,
+                       progress=False, strategy=FSDP(wrap=nn.Linear), cbs=[Checkpointer(folder, every_eval=True)])
+    original = learner()
+    original.fit(4, eval_every=4)
+    forked = learner()  # a fresh Learner: the state comes from the folder of shards written at step 8's evaluation
+    forked.fork(8)
+    at_fork = forked.step
+    forked.fit(4, eval_every=4)
+    return full_weights(original), full_weights(forked), at_fork, forked.progress.parent
+
+
+def test_a_fork_from_sharded_checkpoints_reproduces_the_run(tmp_path):
+    original, forked, at_fork, parent = launch(fork_from_shards, nprocs=2, args=(tmp_path / 'evals',))
+    assert at_fork == 8 and parent['step'] == 8
+    assert all(torch.equal(original[k], forked[k]) for k in original)  # the same fit after the fork: bit for bit
