@@ -527,6 +527,12 @@ class Learner:
             finally: self.remove_cbs(cbs)
         finally: self._fit_lock.release()
 
+    def wait_for_fit(self, timeout=None):
+        "Block until no fit runs on this Learner (one in another thread, say); False if `timeout` seconds pass first."
+        if not self._fit_lock.acquire(timeout=-1 if timeout is None else timeout): return False
+        self._fit_lock.release()
+        return True
+
     def _plan_fit(self, epochs, steps, steps_per_epoch, eval_every, eval_subset, lr, reset_opt, resume, allow_changes):
         if (epochs is None) == (steps is None): raise ValueError('fit needs exactly one of epochs= or steps=')
         for name, v in (('epochs', epochs), ('steps', steps), ('steps_per_epoch', steps_per_epoch), ('eval_every', eval_every)):
@@ -547,6 +553,8 @@ class Learner:
         if lr is not None: self.lr = lr
         self.progress.plan(epochs, steps, steps_per_epoch, eval_every,
                            math.ceil(n_batches / self.window.n) if n_batches else None)
+        self.progress.call = dict(epochs=epochs, steps=steps, steps_per_epoch=steps_per_epoch, eval_every=eval_every,
+                                  eval_subset=eval_subset)
         self._eval_dl, self.eval_prefix = self.valid_dl, ''
         if eval_subset is not None and self.valid_dl is not None:  # periodic evaluations on a fixed, seeded subset
             self._eval_dl, self.eval_prefix = subset_loader(self.valid_dl, eval_subset, self.eval_seed), 'subset_'

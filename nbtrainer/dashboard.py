@@ -8,15 +8,16 @@ Docs: https://nbtrainer.github.io/nbtrainer/dashboard.html.md"""
 __all__ = ['Dashboard', 'progress_display']
 
 # %% ../nbs/17_dashboard.ipynb #e799ea7e
-import base64, html, sys, threading, time, traceback
+import asyncio, base64, contextvars, html, sys, threading, time, traceback
 from pathlib import Path
 
 from .callback import Callback, Order, dispatch_tables
+from .checks import hyperparameter
 from .control import Controls
 from .core import Learner, patch_to
 from .liveplot import LivePlot
 from .progress import (ProgressCallback, brief_traceback, describe_ending, display_widget, format_header,
-                                format_row, in_jupyter)
+                                format_row, in_jupyter, widget_bundle)
 
 # %% ../nbs/17_dashboard.ipynb #1fe5608f
 class _Bars(ProgressCallback):
@@ -61,6 +62,7 @@ _HINT = ('Buttons work with <code>learn.fit_async(...)</code>: a plain <code>fit
 _LIVE_TEXT = 'Training dashboard (live while the fit runs; a static summary replaces it when the fit ends)'
 _CELL = 'padding:1px 6px;text-align:right;white-space:nowrap;font-weight:normal;overflow:hidden'
 _ROW = dict(margin='0', height='auto', min_height='0')  # a live table row's layout
+_FORK_BUTTON = dict(width='44px', height='20px', padding='0', margin='0 0 0 6px')
 _TABLE = 'border-collapse:collapse;table-layout:fixed;font-size:12px;line-height:18px;font-variant-numeric:tabular-nums;margin:0'
 
 def _cells(values, keys, tag='td'):
@@ -129,6 +131,8 @@ class Dashboard(Callback):
         self._tables = dispatch_tables(self.parts)  # built once, as the Learner's own dispatch, for both phases
         self.refresh, self.table_rows = refresh, table_rows
         self.widget, self.handles, self.rows, self.summary = None, [], [], None
+        self.ancestors = []  # the static summaries of the runs this fit was forked from, in this output: oldest first
+        self._carry = self._fork_request = None  # a fork asked from this dashboard, and what the branch takes over
 
     def _run(self, event):
         for _, method in self._tables[self.learn.training][event]: method()
@@ -140,6 +144,9 @@ class Dashboard(Callback):
         controls = next((cb for cb in learn.cbs if isinstance(cb, Controls)), None)
         self.live = controls is not None and threading.current_thread() is not threading.main_thread()
         self.controls = controls
+        self._context = contextvars.copy_context()  # the calling cell's: a branch started from here trains in it
+        self.can_fork = self.live and getattr(learn, 'keeps_fork_points', lambda: False)()
+        self._fork_buttons = {}  # the shown rows' fork controls, by step
         self._log_start = len(controls.log) if controls is not None else 0  # this fit's requests start here
         self._bar_widgets, self.bar_box = {}, W.VBox()
         self.stop_button = W.Button(description='Stop', icon='stop', button_style='danger', tooltip='end the fit after this batch')
@@ -164,9 +171,12 @@ class Dashboard(Callback):
         self.header = W.HTML(layout=W.Layout(**_ROW))
         self.table = W.VBox([self.header], layout=W.Layout(margin='0 0 0 12px'))
         view = W.HBox([self.image, self.table], layout=W.Layout(flex_flow='row wrap', align_items='flex-start'))
-        self.widget = W.VBox([self.bar_box, W.HBox(self.buttons), self.status, self.hint, view])
+        carried = [W.HTML(''.join(html_ for html_, _ in self.ancestors))] if self.ancestors else []
+        self.widget = W.VBox([*carried, self.bar_box, W.HBox(self.buttons), self.status, self.hint, view])
         self.widget.add_class('nbtrainer-dashboard')
-        if in_jupyter(): self.handles.append(display_widget(self.widget, _LIVE_TEXT))
+        if self.handles:  # a branch forked from this dashboard: it takes the parent's place in the same output
+            for handle in self.handles: handle.update(widget_bundle(self.widget, _LIVE_TEXT), raw=True)
+        elif in_jupyter(): self.handles.append(display_widget(self.widget, _LIVE_TEXT))
 
     def _place_bar(self, slot, container):
         "Put a bar's widget in its slot (epoch, train, valid: in that order), or empty the slot (None)."
@@ -189,7 +199,7 @@ class Dashboard(Callback):
         keys = list(dict.fromkeys(k for r in self.rows for k in r))
         # Each row has its own layout and style, closed with it: parts shared by every row would hold, in the browser, a
         # view for each row ever shown, and the page would stall longer and longer as the fit goes on (bench/dashboard.py).
-        new_row = lambda r: W.HTML(_table_html([r], keys, header=False), layout=W.Layout(**_ROW))
+        new_row = lambda r: self._row_widget(r, keys)
         dropped = self._row_widgets
         if keys != self._keys:  # a new column (rare): the header and the kept rows again
             self._keys, self.header.value = keys, _table_html([], keys)
@@ -199,6 +209,25 @@ class Dashboard(Callback):
             dropped = [w for w in dropped if w not in self._row_widgets]
         self.table.children = [self.header, *self._row_widgets]
         for w in dropped: _close(w)
+
+    def _row_widget(self, row, keys):
+        "A table row; with a fork control when this Learner keeps states to fork from (enabled while paused)."
+        import ipywidgets as W
+        cells = W.HTML(_table_html([row], keys, header=False), layout=W.Layout(**_ROW))
+        if not self.can_fork: return cells
+        step = row['step']
+        button = W.Button(description='fork', disabled=True, tooltip=f'pause, then fork here: back to step {step}, '
+                          "train on with the LR field's lr as a new branch", layout=W.Layout(**_FORK_BUTTON))
+        button.add_class('nbtrainer-fork')
+        button.style.font_size = '11px'
+        button.on_click(lambda _: self._on_fork(step))
+        self._fork_buttons = {s: b for s, b in self._fork_buttons.items() if b.comm is not None} | {step: button}
+        return W.HBox([cells, button], layout=W.Layout(**_ROW))
+
+    def _enable_forks(self, paused):
+        "While paused, the rows whose state is kept can be forked from; otherwise none."
+        kept = set(self.learn.fork_steps()) if paused and self.can_fork and self._fork_request is None else set()
+        for step, button in self._fork_buttons.items(): button.disabled = step not in kept
 
     def _show_status(self):
         learn = self.learn
@@ -210,7 +239,9 @@ class Dashboard(Callback):
     def _on_request(self):
         "A request carried out: the status line says so; a pause or a resume redraws the figure where the fit stands."
         self._show_status()
-        if self.plot is not None and self.controls.log[-1][1] in ('pause', 'resume'): self.plot.render()
+        action = self.controls.log[-1][1]
+        if action in ('pause', 'resume', 'stop'): self._enable_forks(action == 'pause')
+        if self.plot is not None and action in ('pause', 'resume'): self.plot.render()
 
     # ---- button handlers: main thread, they only set flags and touch their own button ----
     def _on_stop(self, _):
@@ -225,6 +256,34 @@ class Dashboard(Callback):
             self.controls.pause()
             self.pause_button.description, self.pause_button.icon = 'Resume', 'play'
 
+    def _on_fork(self, step):
+        "End this fit, then fork at `step` and train the rest of the same fit with the LR field's lr, as a branch."
+        from nbtrainer.plotting import history_curves
+        if self._fork_request is not None or not self.controls.paused: return
+        try: lr = hyperparameter('lr', self.lr_box.value)
+        except ValueError as e:
+            self.hint.value = f'<b>{html.escape(str(e))}</b>'
+            return
+        self.learn.recorder.flush()  # the loop is held: the parent's curves as they stand, drawn behind the branch
+        self._fork_request = step, lr, history_curves(self.learn.recorder)
+        self._enable_forks(False)
+        self.hint.value = f'forking at step {step} with lr {lr:.3g}: this fit ends here, and its branch takes its place'
+        self.controls.stop(f'forked at step {step} with lr {lr:.3g}')
+
+    def _train_branch(self, step, lr, carry):
+        "In a thread of the parent's cell, once the parent fit has ended: fork, then the same fit with the new lr."
+        learn = self.learn
+        learn.wait_for_fit()
+        try: learn.fork(step)
+        except Exception as e:  # e.g. the state was dropped by a keep rule meanwhile: said where the branch would be
+            failed = f'<p style="margin:4px 0"><b>Fork at step {step} failed: {html.escape(str(e))}</b></p>'
+            for handle in carry[0]: handle.update({'text/html': self.static['text/html'] + failed,
+                                                   'text/plain': f'{self.static["text/plain"]}\nFork failed: {e}'}, raw=True)
+            return
+        self._carry = carry
+        try: asyncio.run(learn.fit_async(**learn.progress.call, lr=lr))
+        except BaseException: pass  # its own summary, in this output, says how it ended
+
     def _on_lr(self, _):
         try:
             self.controls.set_lr(self.lr_box.value)
@@ -234,7 +293,10 @@ class Dashboard(Callback):
     # ---- events ----
     def before_fit(self):
         for part in self.parts: part.learn = self.learn
-        self.rows, self.handles, self.summary, self._last = [], [], None, time.perf_counter()
+        carry, self._carry = self._carry, None
+        handles, self.ancestors, parent = carry if carry is not None else ([], [], None)
+        if self.plot is not None: self.plot.parent_curves = parent  # the parent run, faint behind the branch
+        self.rows, self.handles, self.summary, self._last = [], handles, None, time.perf_counter()
         self._start = self._last
         self._build()
         self._run('before_fit')
@@ -265,7 +327,18 @@ class Dashboard(Callback):
             self.summary = describe_ending(learn, time.perf_counter() - self._start)
             self.static = self._static()
             self._end_views()
+            self._start_branch()
             if learn.fit_outcome == 'interrupted' and in_jupyter(): brief_traceback(learn.fit_exception, learn)
+
+    def _start_branch(self):
+        "A fork asked while paused: its branch starts once this fit has ended, in this output, below this fit's summary."
+        request, self._fork_request = self._fork_request, None
+        if request is None or self.learn.fit_outcome != 'stopped': return
+        step, lr, curves = request
+        own = self._static(ancestors=False)
+        carry = (list(self.handles), [*self.ancestors, (own['text/html'], own['text/plain'])], curves)
+        threading.Thread(target=self._context.run, args=(self._train_branch, step, lr, carry), name='nbtrainer-fork',
+                         daemon=True).start()
 
     def _end_views(self):
         "Every view of the widget shows the summary, its controls gone; displayed outputs become the static summary."
@@ -280,10 +353,11 @@ class Dashboard(Callback):
         if self.controls is None: return ''
         return ' · '.join(_describe_request(*entry) for entry in self.controls.log[self._log_start:])
 
-    def _static(self):
-        "A plain output bundle: kept by a saved notebook, unlike widgets."
+    def _static(self, ancestors=True):
+        "A plain output bundle: kept by a saved notebook, unlike widgets; the runs this one was forked from above it."
         learn, requests = self.learn, self._requests()
-        parts = [f'<p style="margin:4px 0"><b>{html.escape(self.summary)}</b></p>']
+        carried = self.ancestors if ancestors else []
+        parts = [html_ for html_, _ in carried] + [f'<p style="margin:4px 0"><b>{html.escape(self.summary)}</b></p>']
         if requests: parts.append(f'<p style="margin:4px 0;font-size:12px">Requests: {html.escape(requests)}</p>')
         figure = ''
         if self.image.value:
@@ -296,7 +370,7 @@ class Dashboard(Callback):
             trace = ''.join(traceback.format_exception(learn.fit_exception))
             parts.append(f'<details><summary>Traceback</summary><pre>{html.escape(trace)}</pre></details>')
         keys = list(dict.fromkeys(k for row in self.rows for k in row))
-        text = '\n'.join([self.summary, *([f'Requests: {requests}'] if requests else []),
+        text = '\n'.join([*(text for _, text in carried), self.summary, *([f'Requests: {requests}'] if requests else []),
                           *([format_header(keys)] if keys else []), *(format_row(r, keys) for r in self.rows)])
         return {'text/html': '\n'.join(parts), 'text/plain': text}
 

@@ -63,3 +63,18 @@ def fork(learn, step):
     learn.progress.branch(step)
     learn('after_fork')  # a Tracker starts the branch's run here, with its parent
     return learn
+
+@patch_to(Learner)
+def fork_steps(learn):
+    "The evaluation steps `fork` can go back to: states kept in memory by ForkPoints, or on disk by a Checkpointer."
+    steps = {s for cb in learn.cbs if isinstance(cb, ForkPoints) for s in cb.points}
+    for cb in learn.cbs:
+        if getattr(cb, 'keeps_checkpoints', False):
+            steps |= {int(name[len('eval-'):-len('.pt')]) for name in cb.evals}
+            steps |= {row['step'] for _, _, row in cb.kept_best}
+    return sorted(steps)
+
+@patch_to(Learner)
+def keeps_fork_points(learn):
+    "Does this Learner keep states to fork from: `Learner(fork_points=N)`, or a `Checkpointer(every_eval=True)`?"
+    return any(isinstance(cb, ForkPoints) or getattr(cb, 'every_eval', False) for cb in learn.cbs)

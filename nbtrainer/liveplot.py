@@ -77,6 +77,7 @@ class LivePlot(Callback):
         if not max_share > 0: raise ValueError(f'max_share must be > 0, got {max_share!r}')
         self.every, self.path, self.max_share, self.x_max, self.theme, self.first = every, path, max_share, x_max, theme, first
         self.fig = self.handle = None
+        self.parent_curves = None  # a forked run's parent, drawn faintly behind (`plotting.history_curves`)
         self.render_seconds, self.renders, self.times = 0.0, 0, []
 
     def _outputs(self):
@@ -165,7 +166,7 @@ class LivePlot(Callback):
             self.frames = Frames(self.fig)
         if final:  # laid out as recorder.plot() draws it: axes fitting the data, the steps run
             for ax in self.fig.axes: ax.set_autoscale_on(True)
-        plot_history(recorder, fig=self.fig, metrics=self._metrics)
+        plot_history(recorder, fig=self.fig, metrics=self._metrics, parent=self.parent_curves)
         if self.x_max is not None: self.fig.axes[0].set_xlim(0, self.x_max)
         if final: return
         if self.x_max is None: self.fig.axes[0].set_xlim(0, nice_limit(self.fig.axes[0].dataLim.x1))

@@ -25,6 +25,7 @@ class FitProgress:
     def __init__(self):
         self.run_id = uuid.uuid4().hex[:12]  # a run's identity: a checkpoint records it, a resume continues it
         self.parent, self.continuing = None, False  # a forked run's parent {'run': id, 'step': step}
+        self.call = None  # the fit's arguments (epochs, steps, ...): the same fit continues a fork or a resume
         self.epoch = self.step = self.last_eval_step = 0
         self.fit_start, self.epoch_done = (0, 0), False
         self.n_epochs = self.n_steps = self.eval_every = self.steps_per_epoch = None
@@ -76,12 +77,13 @@ class FitProgress:
 
     def state_dict(self):
         return {'run': self.run_id, 'parent': self.parent, 'epoch': self.epoch + self.epoch_done, 'step': self.step,
-                'fit_start': list(self.fit_start), 'last_eval_step': self.last_eval_step}
+                'fit_start': list(self.fit_start), 'last_eval_step': self.last_eval_step, 'call': self.call}
 
     def load_state_dict(self, state):
         self.epoch, self.step, self.last_eval_step = state['epoch'], state['step'], state['last_eval_step']
         self.fit_start, self.epoch_done = tuple(state['fit_start']), False
         self.run_id, self.parent = state.get('run', self.run_id), state.get('parent')
+        self.call = state.get('call')
 
 # %% ../nbs/00f_parts.ipynb #45715eec
 class TrainPass:

@@ -6,7 +6,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/plotting.html.md"""
 
 # %% auto #0
 __all__ = ['DISPLAY_DPI', 'PIXEL_RATIO', 'LEGEND_POINTS', 'jupyter_theme', 'resolve_theme', 'new_figure', 'theme_context',
-           'display_size', 'figure_png', 'figure_image', 'show_figures_inline', 'plot_history']
+           'display_size', 'figure_png', 'figure_image', 'show_figures_inline', 'history_curves', 'plot_history']
 
 # %% ../nbs/03_plotting.ipynb #8f099e08
 import io, math, os, re, sys, weakref
@@ -133,12 +133,16 @@ _NOT_METRICS = ('epoch', 'step', 'train_loss', 'valid_loss', 'subset_valid_loss'
 _METRIC_COLORS = ('tab:green', 'tab:red', 'tab:purple', 'tab:brown', 'tab:pink', 'tab:olive', 'tab:cyan', 'tab:gray')
 LEGEND_POINTS = 9  # 10 CSS px at 80 CSS px an inch
 
-def _history_axes(fig, metric_names):
+def _history_axes(fig, metric_names, parent=False):
     "Lay out the axes, empty lines and legend once; later calls only update the lines' data (new axes and ticks are slow)."
     fig.clear()
     with theme_context(fig):
         ax = fig.add_subplot()
-        lines = {'raw': ax.plot([], [], color='tab:blue', alpha=0.3, lw=0.8)[0],  # every batch, faint, behind
+        lines = {}
+        if parent:  # the run a branch was forked from: its curves faint, behind the branch's own
+            lines['parent_smooth'] = ax.plot([], [], color='tab:gray', alpha=0.5, lw=1.2, label='parent run')[0]
+            lines['parent_valid'] = ax.plot([], [], 'o-', color='tab:gray', alpha=0.35, ms=3, lw=0.8)[0]
+        lines |= {'raw': ax.plot([], [], color='tab:blue', alpha=0.3, lw=0.8)[0],  # every batch, faint, behind
                  'smooth': ax.plot([], [], color='tab:blue', label='train loss (smoothed)')[0],
                  'valid_loss': ax.plot([], [], 'o-', color='tab:orange', ms=4, label='valid loss')[0]}
         ax.set_xlabel('step')
@@ -153,28 +157,41 @@ def _history_axes(fig, metric_names):
         fig.legend(labelled, [line.get_label() for line in labelled], loc='upper center', ncol=min(len(labelled), 4),
                    fontsize=LEGEND_POINTS, frameon=False)
     fig.subplots_adjust(left=0.1, right=0.89, bottom=0.15, top=0.85)  # room for the legend and both y labels
-    fig._history_layout = (tuple(metric_names), lines)
+    fig._history_layout = ((tuple(metric_names), parent), lines)
     return lines
 
-def plot_history(recorder, path=None, fig=None, theme=None, metrics=()):
-    "Draw `recorder`'s loss and metric curves into `fig` (a new figure if None); save a PNG to `path` if given."
+def history_curves(recorder, steps=None):
+    "The smoothed training loss and the validation loss, each as (steps, values): what a branch draws of its parent run."
+    losses, curves = recorder.train_losses, {'smooth': ([], []), 'valid_loss': ([], [])}
+    if losses:
+        steps = steps if steps is not None else _batch_steps(recorder)
+        smoothed, keep = _smoothed(recorder), range(0, len(losses), max(1, len(losses) // 1000))
+        keep = [*keep, len(losses) - 1] if keep[-1] != len(losses) - 1 else keep  # always the latest point
+        curves['smooth'] = ([steps[i] for i in keep], [smoothed[i] for i in keep])
+    valid = [(r['step'], r.get('valid_loss', r.get('subset_valid_loss', math.nan))) for r in recorder.history]  # a subset's, in eval_subset fits
+    valid = [(s, v) for s, v in valid if math.isfinite(v)]
+    curves['valid_loss'] = ([s for s, _ in valid], [v for _, v in valid])
+    return curves
+
+def plot_history(recorder, path=None, fig=None, theme=None, metrics=(), parent=None):
+    """Draw `recorder`'s loss and metric curves into `fig` (a new figure if None); save a PNG to `path` if given.
+    `parent`: the `history_curves` of the run this one was forked from, drawn faintly behind."""
     show_figures_inline()
     fig = fig if fig is not None else new_figure(theme=theme)
     losses, hist = recorder.train_losses, recorder.history
     # `metrics`: columns to lay out before any row has them (a live plot's first frames), then those the rows have
     metric_names = list(dict.fromkeys([*metrics, *(k for k in (hist[0] if hist else {}) if k not in _NOT_METRICS)]))
     names, lines = getattr(fig, '_history_layout', (None, None))
-    if names != tuple(metric_names) or not fig.axes or lines['raw'].axes is not fig.axes[0]:  # new, or drawn over
-        lines = _history_axes(fig, metric_names)
-    if losses:
-        steps = _batch_steps(recorder)
-        lines['raw'].set_data(*_thin(steps, losses))  # thinned: long runs draw fast
-        smoothed, keep = _smoothed(recorder), range(0, len(losses), max(1, len(losses) // 1000))
-        keep = [*keep, len(losses) - 1] if keep[-1] != len(losses) - 1 else keep  # always the latest point
-        lines['smooth'].set_data([steps[i] for i in keep], [smoothed[i] for i in keep])
-    valid = [(r['step'], r.get('valid_loss', r.get('subset_valid_loss', math.nan))) for r in hist]  # a subset's, in eval_subset fits
-    valid = [(s, v) for s, v in valid if math.isfinite(v)]
-    lines['valid_loss'].set_data([s for s, _ in valid], [v for _, v in valid])
+    if names != (tuple(metric_names), parent is not None) or not fig.axes or lines['raw'].axes is not fig.axes[0]:
+        lines = _history_axes(fig, metric_names, parent is not None)  # new, or drawn over
+    if parent is not None:
+        lines['parent_smooth'].set_data(*parent['smooth'])
+        lines['parent_valid'].set_data(*parent['valid_loss'])
+    steps = _batch_steps(recorder) if losses else None
+    curves = history_curves(recorder, steps)
+    if losses: lines['raw'].set_data(*_thin(steps, losses))  # thinned: long runs draw fast
+    lines['smooth'].set_data(*curves['smooth'])
+    lines['valid_loss'].set_data(*curves['valid_loss'])
     for name in metric_names: lines[name].set_data([r['step'] for r in hist], [r.get(name, math.nan) for r in hist])
     for ax in fig.axes: ax.relim()
     lo, hi = fig.axes[0].dataLim.intervaly
