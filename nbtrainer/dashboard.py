@@ -379,8 +379,33 @@ class Dashboard(Callback):
         from IPython.display import display
         if self.summary is None and self.widget is not None:
             self.handles.append(display_widget(self.widget, _LIVE_TEXT))  # the same widget: every view updates
-        elif self.summary is not None: display(self.static, raw=True)
+        elif self.summary is not None:
+            display(self.static, raw=True)
+            if self.can_fork and self.learn.fork_steps(): self._fork_bar()
         else: raise ValueError('this dashboard has not shown a fit yet')
+
+    def _fork_bar(self):
+        "After the fit: fork at a kept evaluation and train the rest of that fit as a branch, whose dashboard replaces this bar."
+        import ipywidgets as W
+        from nbtrainer.plotting import history_curves
+        steps = self.learn.fork_steps()
+        pick = W.Dropdown(options=steps, value=steps[-1], description='fork at', layout=W.Layout(width='170px'))
+        lr_box = _lr_field(value=self.learn.lr, description='lr', layout=W.Layout(width='170px'))
+        button, note = W.Button(description='Fork and train', button_style='primary'), W.HTML()
+        bar = W.HBox([pick, lr_box, button, note])
+        bar.add_class('nbtrainer-fork-bar')
+        handle = display_widget(bar, 'Fork controls (live while the kernel runs)')
+        def fork(_):
+            try: lr = hyperparameter('lr', lr_box.value)
+            except ValueError as e:
+                note.value = f'<b>{html.escape(str(e))}</b>'
+                return
+            button.disabled = True
+            carry = ([handle], [], history_curves(self.learn.recorder))  # this fit's summary keeps its own output
+            # the bar is not closed: JupyterLab hides an output whose first widget closes, whatever replaced it
+            threading.Thread(target=contextvars.copy_context().run, args=(self._train_branch, pick.value, lr, carry),
+                             name='nbtrainer-fork', daemon=True).start()
+        button.on_click(fork)
 
 # %% ../nbs/17_dashboard.ipynb #1644a037
 @patch_to(Learner)

@@ -5,7 +5,8 @@ in a registry (`Tracker`). The user pauses it, types a new lr in the LR field an
 row. The paused fit ends, the Learner goes back to that evaluation, and the rest of the same fit trains as a branch in
 the same output, without interrupting the kernel: the test sees its steps advance from the fork point, its history rows
 carry the new lr, the registry records the branch with its parent run and step, and the live figure keeps the parent's
-curves behind the branch. Stopped, the output holds both runs' summaries, and the notebook saved to disk keeps them.
+curves behind the branch. Stopped, the output holds both runs' summaries, and the notebook saved to disk keeps them. After the fit,
+`learn.dashboard()` shows a fork bar that trains another branch in its place.
 Every wait is on a condition with a deadline."""
 import json, re, time
 
@@ -38,8 +39,9 @@ learn = Learner(SlowMLP(), DataLoader(TensorDataset(x, y), batch_size=16, shuffl
     "'lrs': sorted({r['lr'] for r in learn.recorder.history if r['step'] > parent_run['step']}), "
     "'parent_drawn': learn.cbs[[type(c).__name__ for c in learn.cbs].index('Dashboard')].plot.parent_curves is not None, "
     "'runs': [{'id': r.id, 'parent': r.parent} for r in runs('runs.db')]}))",
+    'learn.dashboard()  # after the fit: its summary, and a fork bar',
 ]
-SETUP, FIT, STATE = range(3)
+SETUP, FIT, STATE, AFTER = range(4)
 
 
 def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
@@ -105,19 +107,40 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
             cell(page, FIT).screenshot(path=str(ARTIFACTS / 'fork-branch.png'))
 
             branch.locator('.widget-button:has-text("Stop")').click()
-            ended = cell(page, FIT).locator('.jp-OutputArea-output:has-text("Fit stopped")')
+            outputs = cell(page, FIT).locator('.jp-OutputArea')
             deadline = time.time() + 120
-            while not (ended.count() and not cell(page, FIT).locator('.nbtrainer-dashboard .widget-button').count()):
+            live = cell(page, FIT).locator('.nbtrainer-dashboard')
+            while outputs.inner_text().count('Fit stopped') < 2 or live.count():  # both summaries, as plain outputs
                 assert time.time() < deadline, 'the branch did not stop'
                 page.wait_for_timeout(100)
-            page.keyboard.press('Control+s')
             deadline = time.time() + 60
             while True:  # the saved notebook keeps both runs' summaries in the cell that ran the fit
+                page.keyboard.press('Control+s')
                 saved = nbformat.read(folder / 'fork.ipynb', as_version=4).cells[FIT].outputs
                 html_out = ''.join(o.get('data', {}).get('text/html', '') for o in saved)
                 if f'forked at step {fork_step}' in html_out and html_out.count('Fit stopped') == 2: break
                 assert time.time() < deadline, html_out[-2000:]
-                page.wait_for_timeout(200)
+                page.wait_for_timeout(500)
+
+            # after the fit: learn.dashboard() shows the summary and a fork bar; its branch replaces the bar
+            run_cell(page, AFTER)
+            bar = cell(page, AFTER).locator('.nbtrainer-fork-bar')
+            bar.wait_for(timeout=60_000)
+            chosen = int(bar.locator('select').input_value())
+            bar.locator('input').fill('0.002')
+            bar.locator('input').press('Enter')
+            bar.locator('.widget-button:has-text("Fork and train")').click()
+            again = cell(page, AFTER).locator('.nbtrainer-dashboard')
+            deadline = time.time() + 120
+            while True:
+                found = re.search(r'step (\d+)', again.locator('.nbtrainer-status').inner_text() if again.count() else '')
+                if found and int(found.group(1)) > chosen + 5: break
+                assert time.time() < deadline, 'the branch from the fork bar did not train'
+                page.wait_for_timeout(100)
+            assert 'lr 0.002' in again.locator('.nbtrainer-status').inner_text()
+            again.scroll_into_view_if_needed()
+            again.locator('.widget-button:has-text("Stop")').click()
+            cell(page, AFTER).locator('.jp-OutputArea-output:has-text("Fit stopped")').first.wait_for(timeout=120_000)
         except Exception:
             page.screenshot(path=str(ARTIFACTS / 'fork-failure.png'))
             raise
