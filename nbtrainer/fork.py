@@ -40,8 +40,13 @@ class ForkPoints(Callback):
 Learner.fork_points_factory = ForkPoints  # Learner(fork_points=N) adds ForkPoints(N)
 
 # %% ../nbs/08c_fork.ipynb #938db490
-def _fork_state(learn, step):
-    "The state after the evaluation at `step`: kept in memory by ForkPoints, or on disk by a Checkpointer."
+def _fork_state(learn, step, checkpoint=None):
+    "The state after the evaluation at `step`: a `checkpoint` file given, kept in memory by ForkPoints, or by a Checkpointer."
+    if checkpoint is not None:
+        state = read_checkpoint(checkpoint, learn.device)
+        saved_at = state.get('progress', {}).get('step')
+        if saved_at != step: raise ValueError(f'{checkpoint} holds the state of step {saved_at}, not {step}')
+        return state, checkpoint
     for cb in learn.cbs:
         if isinstance(cb, ForkPoints) and step in cb.points:
             return copy.deepcopy(cb.points[step]), f'the fork point at step {step}'
@@ -53,12 +58,13 @@ def _fork_state(learn, step):
                      'Keep them with Learner(fork_points=N), or on disk with Checkpointer(folder, every_eval=True)')
 
 @patch_to(Learner)
-def fork(learn, step):
-    "Put the Learner back exactly as after the evaluation at `step`; the next fit continues from there as a branch."
+def fork(learn, step, checkpoint=None):
+    """Put the Learner back exactly as after the evaluation at `step`; the next fit continues from there as a branch.
+    The state comes from `checkpoint` (a file) if given, else from the Learner's ForkPoints or Checkpointer."""
     if learn.fitting:
         raise RuntimeError('a fit is running on this Learner: stop it before forking it (learn.controls.stop())')
     if not isinstance(step, int) or isinstance(step, bool): raise TypeError(f'step must be an int, got {step!r}')
-    state, source = _fork_state(learn, step)
+    state, source = _fork_state(learn, step, checkpoint)
     load_training_state(learn, state, source, allow_changes=True)  # a fork is this run: whatever was changed since
     learn.progress.branch(step)
     learn('after_fork')  # a Tracker starts the branch's run here, with its parent

@@ -384,16 +384,26 @@ class Run:
         "The run's `metric` curve (see `Runs.plot`)."
         return Runs([self]).plot(metric, path)
 
-    def fork(self, step, build):
-        "The Learner `build()` makes, put back as this run was after its evaluation at `step`, from its checkpoints."
-        from nbtrainer.checkpoint import Checkpointer
+    def fork(self, step, build=None):
+        """This run as it was after its evaluation at `step`, from the checkpoints in its recorded folder: the Learner
+        `build()` makes, put back there (its own Checkpointer, if any, writes elsewhere: the parent's files stay
+        as they are), or without `build` the state to load (`learn.load_training_state`-ready, as `read_checkpoint` reads it)."""
+        from nbtrainer.checkpoint import read_checkpoint
+        if self.checkpoints is None:
+            raise ValueError(f'run {self.id} recorded no checkpoint folder: it needs a Checkpointer(folder, every_eval=True) '
+                             'to be forked from the registry')
+        folder = Path(self.checkpoints)
+        found = [folder / f'{kind}-{step}.pt' for kind in ('eval', 'best') if (folder / f'{kind}-{step}.pt').exists()]
+        if not found:
+            kept = sorted(int(p.stem.split('-')[1]) for p in folder.glob('eval-*.pt'))
+            raise ValueError(f'run {self.id} kept no state for the evaluation at step {step} in {folder}: it has steps {kept}')
+        if build is None: return read_checkpoint(found[0])
         learn = build()
-        if not any(getattr(cb, 'keeps_checkpoints', False) for cb in learn.cbs):
-            if self.checkpoints is None:
-                raise ValueError(f'run {self.id} recorded no checkpoint folder: give the Learner that build() makes a '
-                                 'Checkpointer(folder, every_eval=True) on the folder that holds its eval-<step>.pt files')
-            learn.add_cbs([Checkpointer(self.checkpoints, every_eval=True)])
-        return learn.fork(step)
+        if any(Path(getattr(cb, 'folder', '')).resolve() == folder.resolve() for cb in learn.cbs
+               if getattr(cb, 'keeps_checkpoints', False)):
+            raise ValueError(f'the Learner build() makes writes checkpoints into {folder}, the parent run\'s folder: '
+                             "its branch's files would replace the parent's; give its Checkpointer another folder")
+        return learn.fork(step, checkpoint=found[0])
 
     def __repr__(self):
         return f'Run({self.id}, study={self.study!r}, status={self.status!r}, best={self.best})'
