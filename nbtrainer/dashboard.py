@@ -147,6 +147,7 @@ class Dashboard(Callback):
         self._context = contextvars.copy_context()  # the calling cell's: a branch started from here trains in it
         self.can_fork = self.live and getattr(learn, 'keeps_fork_points', lambda: False)()
         self._fork_buttons = {}  # the shown rows' fork controls, by step
+        self._seen_cbs = list(learn.cbs)  # the Learner's and this fit's own (a schedule, say): a branch takes the latter
         self._log_start = len(controls.log) if controls is not None else 0  # this fit's requests start here
         self._bar_widgets, self.bar_box = {}, W.VBox()
         self.stop_button = W.Button(description='Stop', icon='stop', button_style='danger', tooltip='end the fit after this batch')
@@ -281,8 +282,13 @@ class Dashboard(Callback):
                                                    'text/plain': f'{self.static["text/plain"]}\nFork failed: {e}'}, raw=True)
             return
         self._carry = carry
-        try: asyncio.run(learn.fit_async(**learn.progress.call, lr=lr))
+        try: asyncio.run(learn.fit_async(**learn.progress.call, cbs=self._fit_cbs(), lr=lr))
         except BaseException: pass  # its own summary, in this output, says how it ended
+
+    def _fit_cbs(self):
+        "The callbacks given to the fit this dashboard showed (`fit_async(cbs=...)`): its branch continues with them."
+        return [cb for cb in self._seen_cbs if cb not in self.learn.cbs and not isinstance(cb, Controls)
+                and not type(cb).__name__.startswith('_')]  # not the controls and helpers fit_async adds itself
 
     def _on_lr(self, _):
         try:
