@@ -332,6 +332,11 @@ def _duration(seconds):
     if s < 3600: return f'{s // 60}m {s % 60:02d}s'
     return f'{s // 3600}h {s // 60 % 60:02d}m'
 
+def _tracked_run(state):
+    "The registry run a checkpoint's Tracker was recording when it was written, or None."
+    return next((cb['run'] for cb in state.get('callbacks', {}).values()
+                 if isinstance(cb, dict) and {'run', 'rows', 'best'} <= cb.keys()), None)
+
 class Run:
     "One run of an experiment database, as `runs()` read it; `note` and `tag` edit it."
     def __init__(self, db, row, now, stale_after=None):
@@ -397,6 +402,11 @@ class Run:
         if not found:
             kept = sorted(int(p.stem.split('-')[1]) for p in folder.glob('eval-*.pt'))
             raise ValueError(f'run {self.id} kept no state for the evaluation at step {step} in {folder}: it has steps {kept}')
+        owner = _tracked_run(read_checkpoint(found[0]))
+        if owner is not None and not self._owns(owner, step):
+            raise ValueError(f"{found[0]} holds run {owner}'s state at step {step}, not run {self.id}'s: a branch of this "
+                             "run kept writing into the folder they share and replaced it (give a branch's Checkpointer "
+                             'a folder of its own)')
         if build is None: return read_checkpoint(found[0])
         learn = build()
         if any(Path(getattr(cb, 'folder', '')).resolve() == folder.resolve() for cb in learn.cbs
@@ -404,6 +414,17 @@ class Run:
             raise ValueError(f'the Learner build() makes writes checkpoints into {folder}, the parent run\'s folder: '
                              "its branch's files would replace the parent's; give its Checkpointer another folder")
         return learn.fork(step, checkpoint=found[0])
+
+    def _owns(self, run, step):
+        "Is run `run`'s state at `step` this run's too: its own, or an ancestor's up to the step this line forked from it?"
+        here, limit = self, math.inf
+        while here is not None:
+            if here.id == run: return step <= limit
+            if here.parent is None: return False
+            limit = min(limit, here.parent['step'])
+            found = _read(self.db, 'WHERE id = ?', (here.parent['run'],))
+            here = found[0] if found else None
+        return False
 
     def __repr__(self):
         return f'Run({self.id}, study={self.study!r}, status={self.status!r}, best={self.best})'
