@@ -201,6 +201,7 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             assert max(rgb) < 40 and natural == 2 * shown, (rgb, natural, shown)  # dark theme; 2x pixel density
             assert not stop.is_disabled()
             page.screenshot(path=str(ARTIFACTS / 'dashboard-running.png'), full_page=True)
+            dash.screenshot(path=str(ARTIFACTS / 'cell-running.png'))  # for the dashboard notebook
 
             # Several LRs typed while the awaited fit runs, each sent a different way: every one reaches the loop.
             lr_box = dash.locator('input[type="number"]')
@@ -223,6 +224,7 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             assert int(re.match(r'step (\d+)', status_text(page, dash)).group(1)) == held  # still held there
             lap(f'paused at step {held}: lr and save carried out at once: {status_text(page, dash)!r}')
             page.screenshot(path=str(ARTIFACTS / 'dashboard-paused.png'), full_page=True)
+            dash.screenshot(path=str(ARTIFACTS / 'cell-paused.png'))
             dash.locator('.widget-button:has-text("Resume")').click()
             deadline = time.time() + 60
             while 'paused' in status_text(page, dash) or int(re.match(r'step (\d+)', status_text(page, dash)).group(1)) <= held:
@@ -243,6 +245,7 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             assert f'lr 0.01 from step {held}' in summary.inner_text() and 'Requests:' in summary.inner_text()
             assert summary.locator('img').count() == 1 and cell(page, FIT).locator('.widget-button').count() == 0
             page.screenshot(path=str(ARTIFACTS / 'dashboard-stopped.png'), full_page=True)
+            summary.screenshot(path=str(ARTIFACTS / 'cell-stopped.png'))
             page.wait_for_selector(output('CONTROLS'), timeout=30_000)
             controls_text = page.locator(output('CONTROLS')).inner_text()
             lap(controls_text.strip())
@@ -260,6 +263,7 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             assert failed.locator('details summary:has-text("Traceback")').count() == 1
             assert cell(page, FAIL).locator('.widget-button').count() == 0
             lap(f'failure shown as: {error.inner_text().strip()!r}')
+            cell(page, FAIL).screenshot(path=str(ARTIFACTS / 'cell-failed.png'))
 
             # ---- 3. The LR finder: slider, "Use this LR", the kernel's learn.lr, and the figure marks the choice ----
             page.wait_for_selector(output('LR NOW'), timeout=120_000)
@@ -293,6 +297,7 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             lap(f'LR finder: learn.lr {before} -> {after}')
             assert after != before and abs(after - chosen) <= 0.01 * chosen  # the slider's value (its readout is rounded)
             page.screenshot(path=str(ARTIFACTS / 'lr-finder.png'), full_page=True)
+            cell(page, FINDER).screenshot(path=str(ARTIFACTS / 'cell-lr-finder.png'))
 
             # ---- 4. Saved, and read back from disk: the summaries and the finder's figure are plain outputs ----
             page.keyboard.press('Control+s')
@@ -327,6 +332,7 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             wait_for_status(page, again, rf'step (?!{first_step}\b)\d+')  # live: the step moves on
             lap(f'learn.dashboard() after the reload: {status_text(page, again)!r}')
             page.screenshot(path=str(ARTIFACTS / 'dashboard-reattached.png'), full_page=True)
+            cell(page, REATTACH).screenshot(path=str(ARTIFACTS / 'cell-reattached.png'))
             again_stop.click()
             cell(page, REATTACH).locator(output('Stop button clicked')).wait_for(timeout=60_000)
             assert cell(page, REATTACH).locator(output('Fit stopped at step')).count() == 1
