@@ -104,6 +104,8 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
             branches = [r for r in state['runs'] if r['parent']]  # the registry: the parent run, and its branch
             assert len(state['runs']) == 2 and len(branches) == 1 and branches[0]['parent']['step'] == fork_step
             assert branches[0]['parent']['run'] in {r['id'] for r in state['runs']} - {branches[0]['id']}  # its id there
+            page.wait_for_function('''[...document.querySelectorAll('.nbtrainer-dashboard img.widget-image')]
+                .some(i => i.offsetWidth > 0)''', timeout=60_000)  # the branch's first frame, the parent grey behind
             cell(page, FIT).screenshot(path=str(ARTIFACTS / 'fork-branch.png'))
 
             branch.locator('.widget-button:has-text("Stop")').click()
