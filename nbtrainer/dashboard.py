@@ -8,7 +8,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/dashboard.html.md"""
 __all__ = ['Dashboard', 'progress_display']
 
 # %% ../nbs/17_dashboard.ipynb #e799ea7e
-import base64, html, sys, threading, time, traceback
+import base64, html, inspect, sys, threading, time, traceback
 from pathlib import Path
 
 from .callback import Callback, Order, dispatch_tables
@@ -61,6 +61,7 @@ _HINT = ('Buttons work with <code>learn.fit_async(...)</code>: a plain <code>fit
 _LIVE_TEXT = 'Training dashboard (live while the fit runs; a static summary replaces it when the fit ends)'
 _CELL = 'padding:1px 6px;text-align:right;white-space:nowrap;font-weight:normal;overflow:hidden'
 _ROW = dict(margin='0', height='auto', min_height='0')  # a live table row's layout
+_BAR_PX, _ROW_PX = 32, 19  # a tqdm bar's height, a table row's (18 px line, 1 px border): the space reserved for them
 _TABLE = 'border-collapse:collapse;table-layout:fixed;font-size:12px;line-height:18px;font-variant-numeric:tabular-nums;margin:0'
 
 def _cells(values, keys, tag='td'):
@@ -122,12 +123,13 @@ class Dashboard(Callback):
     order = Order.DISPLAY
     side_effects = main_process_only = True  # it draws and takes clicks; under DDP rank 0 alone does
 
-    def __init__(self, refresh=0.2, every=1.0, path=None, max_share=0.02, plot=True, theme=None, table_rows=8):
+    def __init__(self, refresh=0.2, every=1.0, path=None, max_share=0.02, plot=True, theme=None, table_rows=8,
+                 snapshot_every=2.0):
         self.bars = _Bars(self, refresh)
         self.plot = _Plot(self, every=every, path=path, max_share=max_share, theme=theme) if plot else None
         self.parts = [p for p in (self.bars, self.plot) if p is not None]
         self._tables = dispatch_tables(self.parts)  # built once, as the Learner's own dispatch, for both phases
-        self.refresh, self.table_rows = refresh, table_rows
+        self.refresh, self.table_rows, self.snapshot_every = refresh, table_rows, snapshot_every
         self.widget, self.handles, self.rows, self.summary = None, [], [], None
 
     def _run(self, event):
@@ -141,7 +143,8 @@ class Dashboard(Callback):
         self.live = controls is not None and threading.current_thread() is not threading.main_thread()
         self.controls = controls
         self._log_start = len(controls.log) if controls is not None else 0  # this fit's requests start here
-        self._bar_widgets, self.bar_box = {}, W.VBox()
+        n_bars = 3 if learn.valid_dl is not None else 2  # epoch, train, valid: their space kept from the start
+        self._bar_widgets, self.bar_box = {}, W.VBox(layout=W.Layout(min_height=f'{n_bars * _BAR_PX}px'))
         self.stop_button = W.Button(description='Stop', icon='stop', button_style='danger', tooltip='end the fit after this batch')
         self.pause_button = W.Button(description='Pause', icon='pause', tooltip='hold at the next step')
         self.save_button = W.Button(description='Save', icon='save', tooltip='write a checkpoint at the next step (at once while paused)')
@@ -150,6 +153,11 @@ class Dashboard(Callback):
         self.status = W.Label()
         self.status.add_class('nbtrainer-status')
         self.hint = W.HTML() if self.live else W.HTML(f'<i>{_HINT}</i>')
+        self._key = f'nbtrainer-snapshot-{id(self):x}-{learn.fit_start[1]}'  # this fit's saved snapshot
+        # The live widget hides the snapshot below it (a saved notebook without the widget shows it); bar text stays on
+        # one line, so that a long postfix never makes the bar taller.
+        style = W.HTML(f'<style>.{self._key}{{display:none}} .nbtrainer-dashboard .widget-html-content'
+                       f'{{white-space:nowrap;overflow:hidden}}</style>', layout=W.Layout(display='none'))
         self.buttons = (self.stop_button, self.pause_button, self.save_button, self.lr_box, self.lr_button)
         for b in self.buttons: b.disabled = not self.live
         if self.live:
@@ -159,14 +167,39 @@ class Dashboard(Callback):
             self.lr_button.on_click(self._on_lr)
             self.lr_box.observe(self._on_lr, names='value')  # Enter (or leaving the field) applies it
             controls.listeners.append(self._on_request)  # feedback while the loop is held, too
-        self.image = W.Image(format='png', layout=W.Layout(display='none'))  # no slot until the first frame
+        width, height = self._figure_size()  # its slot kept from the start, shown with the first frame
+        self.image = W.Image(format='png', layout=W.Layout(width=f'{width}px', height=f'{height}px', visibility='hidden'))
         self._row_widgets, self._keys = [], None
         self.header = W.HTML(layout=W.Layout(**_ROW))
-        self.table = W.VBox([self.header], layout=W.Layout(margin='0 0 0 12px'))
+        self.table = W.VBox([self.header], layout=W.Layout(margin='0 0 0 12px',
+                                                           min_height=f'{(self.table_rows + 1) * _ROW_PX}px'))
         view = W.HBox([self.image, self.table], layout=W.Layout(flex_flow='row wrap', align_items='flex-start'))
-        self.widget = W.VBox([self.bar_box, W.HBox(self.buttons), self.status, self.hint, view])
+        self.widget = W.VBox([style, self.bar_box, W.HBox(self.buttons), self.status, self.hint, view])
         self.widget.add_class('nbtrainer-dashboard')
-        if in_jupyter(): self.handles.append(display_widget(self.widget, _LIVE_TEXT))
+        self.snapshot, self._snapshot_at, self._changed = None, time.perf_counter(), True
+        if in_jupyter():
+            self.handles.append(display_widget(self.widget, _LIVE_TEXT))
+            from IPython.display import display
+            self.snapshot = display(self._snapshot(), raw=True, display_id=True)
+
+    def _figure_size(self):
+        "The figure's size on the page (CSS px): the live plot's figure, or a new figure's default size."
+        from nbtrainer.plotting import DISPLAY_DPI, display_size, new_figure
+        fig = getattr(self.plot, 'fig', None)
+        if fig is not None: return display_size(fig)
+        return tuple(round(v * DISPLAY_DPI) for v in inspect.signature(new_figure).parameters['size'].default)
+
+    def _snapshot(self):
+        "The fit so far as plain HTML (figure, table, status): what a notebook saved mid-fit keeps in the cell."
+        bundle = self._bundle(f'Fit running: {self.status.value or "starting"}')
+        bundle['text/html'] = f'<div class="{self._key}">{bundle["text/html"]}</div>'
+        return bundle
+
+    def _update_snapshot(self, now):
+        "Refresh the saved snapshot at most every `snapshot_every` s, when something changed."
+        if self.snapshot is None or not self._changed or now - self._snapshot_at < self.snapshot_every: return
+        self._snapshot_at, self._changed = now, False
+        self.snapshot.update(self._snapshot(), raw=True)
 
     def _place_bar(self, slot, container):
         "Put a bar's widget in its slot (epoch, train, valid: in that order), or empty the slot (None)."
@@ -177,15 +210,17 @@ class Dashboard(Callback):
 
     def _show_frame(self, png, fig):
         from nbtrainer.plotting import display_size
-        self.image.value = png
-        if self.image.layout.display == 'none':  # the first frame: the figure takes its place, at its display size
-            self.image.layout.width = f'{display_size(fig)[0]}px'
-            self.image.layout.display = ''
+        self.image.value, self._changed = png, True
+        if self.image.layout.visibility == 'hidden':  # the first frame: shown in its slot, at the figure's display size
+            width, height = display_size(fig)
+            layout = self.image.layout
+            layout.width, layout.height, layout.visibility = f'{width}px', f'{height}px', 'visible'
 
     def _add_row(self, row):
         "The latest evaluations: one new row widget per evaluation, the oldest dropped; the whole table when a column appears."
         import ipywidgets as W
         self.rows.append(row)
+        self._changed = True
         keys = list(dict.fromkeys(k for r in self.rows for k in r))
         # Each row has its own layout and style, closed with it: parts shared by every row would hold, in the browser, a
         # view for each row ever shown, and the page would stall longer and longer as the fit goes on (bench/dashboard.py).
@@ -211,6 +246,8 @@ class Dashboard(Callback):
         "A request carried out: the status line says so; a pause or a resume redraws the figure where the fit stands."
         self._show_status()
         if self.plot is not None and self.controls.log[-1][1] in ('pause', 'resume'): self.plot.render()
+        self._changed, self._snapshot_at = True, float('-inf')  # a request is news: the snapshot says it at once
+        self._update_snapshot(time.perf_counter())
 
     # ---- button handlers: main thread, they only set flags and touch their own button ----
     def _on_stop(self, _):
@@ -252,6 +289,7 @@ class Dashboard(Callback):
         if now - self._last >= self.refresh:
             self._last = now
             self._show_status()
+            self._update_snapshot(now)
 
     def after_fit(self):
         if self.widget is None: return  # the fit failed before the dashboard was built
@@ -274,6 +312,7 @@ class Dashboard(Callback):
         self.widget.children = [W.HTML(self.static['text/html'])]  # views the display handles cannot reach
         for child in old: _close(child)  # closing frees the widgets' comms
         for handle in list(self.handles): handle.update(self.static, raw=True)
+        if self.snapshot is not None: self.snapshot.update({'text/plain': ''}, raw=True)  # the summary above replaces it
 
     def _requests(self):
         "What the controls carried out during this fit, in one line."
@@ -282,8 +321,12 @@ class Dashboard(Callback):
 
     def _static(self):
         "A plain output bundle: kept by a saved notebook, unlike widgets."
+        return self._bundle(self.summary)
+
+    def _bundle(self, headline):
+        "The fit as HTML (headline, requests, figure, table, failure) and text, with no widget."
         learn, requests = self.learn, self._requests()
-        parts = [f'<p style="margin:4px 0"><b>{html.escape(self.summary)}</b></p>']
+        parts = [f'<p style="margin:4px 0"><b>{html.escape(headline)}</b></p>']
         if requests: parts.append(f'<p style="margin:4px 0;font-size:12px">Requests: {html.escape(requests)}</p>')
         figure = ''
         if self.image.value:
@@ -292,11 +335,11 @@ class Dashboard(Callback):
                       f'src="data:image/png;base64,{base64.b64encode(self.image.value).decode()}"/>')
         table = f'<div style="max-height:320px;overflow-y:auto">{_table_html(self.rows)}</div>' if self.rows else ''
         parts.append(f'<div style="display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start">{figure}{table}</div>')
-        if learn.fit_outcome == 'failed':
+        if self.summary is not None and learn.fit_outcome == 'failed':  # never a past fit's failure mid-fit
             trace = ''.join(traceback.format_exception(learn.fit_exception))
             parts.append(f'<details><summary>Traceback</summary><pre>{html.escape(trace)}</pre></details>')
         keys = list(dict.fromkeys(k for row in self.rows for k in row))
-        text = '\n'.join([self.summary, *([f'Requests: {requests}'] if requests else []),
+        text = '\n'.join([headline, *([f'Requests: {requests}'] if requests else []),
                           *([format_header(keys)] if keys else []), *(format_row(r, keys) for r in self.rows)])
         return {'text/html': '\n'.join(parts), 'text/plain': text}
 
