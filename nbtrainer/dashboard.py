@@ -15,6 +15,7 @@ from .callback import Callback, Order, dispatch_tables
 from .control import Controls
 from .core import Learner, patch_to
 from .liveplot import LivePlot
+from .metrics import metric_name
 from .progress import (ProgressCallback, brief_traceback, describe_ending, display_widget, format_header,
                                 format_row, in_jupyter)
 
@@ -23,18 +24,29 @@ class _Bars(ProgressCallback):
     "ProgressCallback with its bars placed in the dashboard and its rows sent to the dashboard's table."
     def __init__(self, dashboard, refresh):
         super().__init__(refresh=refresh)
-        self.dashboard = dashboard
+        self.dashboard, self._spares = dashboard, {}
 
     def _bar(self, desc, leave=True, position=None, **kwargs):
         from tqdm.notebook import tqdm  # lazy: widgets only in a notebook
+        bar = self._spares.pop(desc, None)
+        if bar is not None:  # the last phase's bar again, reset: a new bar per phase left its views in the browser
+            bar.reset(total=kwargs.get('total'))
+            bar.container.layout.visibility = 'visible'
+            return bar
         bar = tqdm(desc=desc, leave=True, display=False, **kwargs)  # kept: the dashboard decides what to show
         self.dashboard._place_bar(desc, bar.container)
         return bar
 
+    def after_train(self):
+        self._show()
+        self._spares['train'], self.batch_bar = self.batch_bar, None  # it stays, counting again at the next phase
+
     def after_validate(self):
-        had_bar = self.valid_bar is not None
-        super().after_validate()
-        if had_bar: self.dashboard._place_bar('valid', None)  # the validation is over: its bar goes
+        if self._refresh != self._show_valid: return
+        if self.valid_bar is not None:  # hidden in its slot until the next validation: the layout stays put
+            self.valid_bar.container.layout.visibility = 'hidden'
+            self._spares['valid'] = self.valid_bar
+        self.valid_bar, self._pending, self._refresh = None, self._train_pending, self._show
 
     def _write_row(self, row, keys): self.dashboard._add_row(row)
 
@@ -42,6 +54,8 @@ class _Bars(ProgressCallback):
         epoch_bar, self.epoch_bar = self.epoch_bar, None  # the summary says how the fit ended: no line printed
         super().after_fit()
         if epoch_bar is not None: epoch_bar.close()
+        for bar in self._spares.values(): bar.close()
+        self._spares = {}
 
 class _Plot(LivePlot):
     "LivePlot whose frames go to the dashboard's image widget (and to `path`, if given)."
@@ -60,13 +74,14 @@ _HINT = ('Buttons work with <code>learn.fit_async(...)</code>: a plain <code>fit
          'until it ends. To stop this fit, interrupt the kernel.')
 _LIVE_TEXT = 'Training dashboard (live while the fit runs; a static summary replaces it when the fit ends)'
 _CELL = 'padding:1px 6px;text-align:right;white-space:nowrap;font-weight:normal;overflow:hidden'
-_ROW = dict(margin='0', height='auto', min_height='0')  # a live table row's layout
-_BAR_PX, _ROW_PX = 32, 19  # a tqdm bar's height, a table row's (18 px line, 1 px border): the space reserved for them
+_BAR_PX, _ROW_PX = 32, 21  # a tqdm bar's height, a table row's (18 px line, 2 px padding, 1 px border): space kept
 _TABLE = 'border-collapse:collapse;table-layout:fixed;font-size:12px;line-height:18px;font-variant-numeric:tabular-nums;margin:0'
+
+def _cell_width(key): return 7 * (max(len(key), 7) + 2)  # px: 7 a character, a column's name or a number
 
 def _cells(values, keys, tag='td'):
     "A table row's cells, each of a fixed width (in characters) so that separate rows line up."
-    return ''.join(f'<{tag} style="{_CELL};width:{7 * (max(len(k), 7) + 2)}px">{html.escape(v)}</{tag}>'
+    return ''.join(f'<{tag} style="{_CELL};width:{_cell_width(k)}px">{html.escape(v)}</{tag}>'
                    for k, v in zip(keys, values))
 
 def _row_values(row, keys): return [format_row(row, [k]).strip() if k in row else '' for k in keys]
@@ -169,10 +184,8 @@ class Dashboard(Callback):
             controls.listeners.append(self._on_request)  # feedback while the loop is held, too
         width, height = self._figure_size()  # its slot kept from the start, shown with the first frame
         self.image = W.Image(format='png', layout=W.Layout(width=f'{width}px', height=f'{height}px', visibility='hidden'))
-        self._row_widgets, self._keys = [], None
-        self.header = W.HTML(layout=W.Layout(**_ROW))
-        self.table = W.VBox([self.header], layout=W.Layout(margin='0 0 0 12px',
-                                                           min_height=f'{(self.table_rows + 1) * _ROW_PX}px'))
+        self.table = W.HTML(layout=W.Layout(margin='0 0 0 12px', min_height=f'{(self.table_rows + 1) * _ROW_PX}px',
+                                            min_width=f'{self._table_width()}px'))  # beside the figure or below it
         view = W.HBox([self.image, self.table], layout=W.Layout(flex_flow='row wrap', align_items='flex-start'))
         self.widget = W.VBox([style, self.bar_box, W.HBox(self.buttons), self.status, self.hint, view])
         self.widget.add_class('nbtrainer-dashboard')
@@ -181,6 +194,13 @@ class Dashboard(Callback):
             self.handles.append(display_widget(self.widget, _LIVE_TEXT))
             from IPython.display import display
             self.snapshot = display(self._snapshot(), raw=True, display_id=True)
+
+    def _table_width(self):
+        "The table's width (px) with the columns a fit's rows usually have: it takes its place before the first row."
+        learn = self.learn
+        keys = ['epoch', 'step', 'train_loss', *(['valid_loss', *map(metric_name, learn.metrics)] if learn.valid_dl
+                                                 is not None else []), 'lr', 'time']
+        return sum(_cell_width(k) for k in keys)
 
     def _figure_size(self):
         "The figure's size on the page (CSS px): the live plot's figure, or a new figure's default size."
@@ -217,23 +237,12 @@ class Dashboard(Callback):
             layout.width, layout.height, layout.visibility = f'{width}px', f'{height}px', 'visible'
 
     def _add_row(self, row):
-        "The latest evaluations: one new row widget per evaluation, the oldest dropped; the whole table when a column appears."
-        import ipywidgets as W
+        """The latest evaluations: the table's one HTML widget gets the last `table_rows` rows. A widget per row leaked
+        in the browser (each closed row view kept its DOM: about 170 nodes an evaluation); a new value only replaces."""
         self.rows.append(row)
         self._changed = True
         keys = list(dict.fromkeys(k for r in self.rows for k in r))
-        # Each row has its own layout and style, closed with it: parts shared by every row would hold, in the browser, a
-        # view for each row ever shown, and the page would stall longer and longer as the fit goes on (bench/dashboard.py).
-        new_row = lambda r: W.HTML(_table_html([r], keys, header=False), layout=W.Layout(**_ROW))
-        dropped = self._row_widgets
-        if keys != self._keys:  # a new column (rare): the header and the kept rows again
-            self._keys, self.header.value = keys, _table_html([], keys)
-            self._row_widgets = [new_row(r) for r in self.rows[-self.table_rows:]]
-        else:
-            self._row_widgets = [*self._row_widgets, new_row(row)][-self.table_rows:]
-            dropped = [w for w in dropped if w not in self._row_widgets]
-        self.table.children = [self.header, *self._row_widgets]
-        for w in dropped: _close(w)
+        self.table.value = _table_html(self.rows[-self.table_rows:], keys)
 
     def _show_status(self):
         learn = self.learn
