@@ -183,7 +183,8 @@ class Dashboard(Callback):
             self.lr_box.observe(self._on_lr, names='value')  # Enter (or leaving the field) applies it
             controls.listeners.append(self._on_request)  # feedback while the loop is held, too
         width, height = self._figure_size()  # its slot kept from the start, shown with the first frame
-        self.image = W.Image(format='png', layout=W.Layout(width=f'{width}px', height=f'{height}px', visibility='hidden'))
+        self.image = W.Image(format='png', layout=W.Layout(width=f'{width}px', height=f'{height}px',
+                                                           visibility='hidden'))
         self.table = W.HTML(layout=W.Layout(margin='0 0 0 12px', min_height=f'{(self.table_rows + 1) * _ROW_PX}px',
                                             min_width=f'{self._table_width()}px'))  # beside the figure or below it
         view = W.HBox([self.image, self.table], layout=W.Layout(flex_flow='row wrap', align_items='flex-start'))
@@ -321,7 +322,7 @@ class Dashboard(Callback):
         self.widget.children = [W.HTML(self.static['text/html'])]  # views the display handles cannot reach
         for child in old: _close(child)  # closing frees the widgets' comms
         for handle in list(self.handles): handle.update(self.static, raw=True)
-        if self.snapshot is not None: self.snapshot.update({'text/plain': ''}, raw=True)  # the summary above replaces it
+        if self.snapshot is not None: self.snapshot.update({'text/plain': ''}, raw=True)  # the summary replaces it
 
     def _requests(self):
         "What the controls carried out during this fit, in one line."

@@ -42,7 +42,8 @@ PLAIN = ("bare = Learner(SlowMLP(), dl, small, lr=0.05, progress=False)  # no di
 CELLS = [SETUP + '\nn = 0', FIT, PLAIN, 'task = learn.fit_async(100, eval_every=4)  # in the background']
 BACKGROUND = 3
 
-SAMPLE = '''sel => { window.__heights = []; window.__parts = new Set(); const tick = () => { const d = document.querySelector(sel);
+SAMPLE = '''sel => { window.__heights = []; window.__parts = new Set();
+  const tick = () => { const d = document.querySelector(sel);
     if (d && d.querySelector('.widget-button')) { window.__heights.push(d.getBoundingClientRect().height);
              window.__parts.add([...d.querySelectorAll('.widget-vbox > *, .widget-hbox > *')]
                                 .map(c => c.getBoundingClientRect().height).join(',')); }
@@ -78,7 +79,8 @@ def test_three_fits_leave_the_page_as_they_found_it_and_a_mid_fit_save_keeps_the
                 nonlocal runs, heights, parts
                 seen = []
                 for k in range(3):
-                    if sample and k == 1: page.evaluate(SAMPLE, f'.jp-Notebook .jp-Cell:nth-child({i + 1}) .nbtrainer-dashboard')
+                    if sample and k == 1:
+                        page.evaluate(SAMPLE, f'.jp-Notebook .jp-Cell:nth-child({i + 1}) .nbtrainer-dashboard')
                     run_cell(page, i)
                     runs += 1
                     cell(page, i).locator(output(f'DONE {runs}')).wait_for(timeout=120_000)
@@ -105,7 +107,8 @@ def test_three_fits_leave_the_page_as_they_found_it_and_a_mid_fit_save_keeps_the
             live = cell(page, BACKGROUND).locator('.nbtrainer-dashboard')
             wait_for_status(page, live, r'step (\d\d\d)')  # some evaluations and a frame or two in
             page.wait_for_timeout(2500)  # a snapshot refresh
-            assert cell(page, BACKGROUND).locator(output('Fit running')).count() == 0  # hidden while the widget lives
+            snapshot_view = cell(page, BACKGROUND).locator('[class^="nbtrainer-snapshot-"]')
+            assert snapshot_view.count() == 1 and not snapshot_view.is_visible()  # hidden while the widget lives
             page.keyboard.press('Control+s')
             deadline = time.time() + 30
             while True:
