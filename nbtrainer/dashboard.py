@@ -256,8 +256,7 @@ class Dashboard(Callback):
         "A request carried out: the status line says so; a pause or a resume redraws the figure where the fit stands."
         self._show_status()
         if self.plot is not None and self.controls.log[-1][1] in ('pause', 'resume'): self.plot.render()
-        self._changed, self._snapshot_at = True, float('-inf')  # a request is news: the snapshot says it at once
-        self._update_snapshot(time.perf_counter())
+        self._changed = True  # the snapshot says it at its next refresh: no extra work while requests are handled
 
     # ---- button handlers: main thread, they only set flags and touch their own button ----
     def _on_stop(self, _):
