@@ -8,7 +8,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/dashboard.html.md"""
 __all__ = ['Dashboard', 'progress_display']
 
 # %% ../nbs/17_dashboard.ipynb #e799ea7e
-import asyncio, base64, contextvars, html, sys, threading, time, traceback
+import asyncio, base64, contextvars, html, inspect, sys, threading, time, traceback
 from pathlib import Path
 
 from .callback import Callback, Order, dispatch_tables
@@ -16,6 +16,7 @@ from .checks import hyperparameter
 from .control import Controls
 from .core import Learner, patch_to
 from .liveplot import LivePlot
+from .metrics import metric_name
 from .progress import (ProgressCallback, brief_traceback, describe_ending, display_widget, format_header,
                                 format_row, in_jupyter, widget_bundle)
 
@@ -24,18 +25,29 @@ class _Bars(ProgressCallback):
     "ProgressCallback with its bars placed in the dashboard and its rows sent to the dashboard's table."
     def __init__(self, dashboard, refresh):
         super().__init__(refresh=refresh)
-        self.dashboard = dashboard
+        self.dashboard, self._spares = dashboard, {}
 
     def _bar(self, desc, leave=True, position=None, **kwargs):
         from tqdm.notebook import tqdm  # lazy: widgets only in a notebook
+        bar = self._spares.pop(desc, None)
+        if bar is not None:  # the last phase's bar again, reset: a new bar per phase left its views in the browser
+            bar.reset(total=kwargs.get('total'))
+            bar.container.layout.visibility = 'visible'
+            return bar
         bar = tqdm(desc=desc, leave=True, display=False, **kwargs)  # kept: the dashboard decides what to show
         self.dashboard._place_bar(desc, bar.container)
         return bar
 
+    def after_train(self):
+        self._show()
+        self._spares['train'], self.batch_bar = self.batch_bar, None  # it stays, counting again at the next phase
+
     def after_validate(self):
-        had_bar = self.valid_bar is not None
-        super().after_validate()
-        if had_bar: self.dashboard._place_bar('valid', None)  # the validation is over: its bar goes
+        if self._refresh != self._show_valid: return
+        if self.valid_bar is not None:  # hidden in its slot until the next validation: the layout stays put
+            self.valid_bar.container.layout.visibility = 'hidden'
+            self._spares['valid'] = self.valid_bar
+        self.valid_bar, self._pending, self._refresh = None, self._train_pending, self._show
 
     def _write_row(self, row, keys): self.dashboard._add_row(row)
 
@@ -43,6 +55,8 @@ class _Bars(ProgressCallback):
         epoch_bar, self.epoch_bar = self.epoch_bar, None  # the summary says how the fit ended: no line printed
         super().after_fit()
         if epoch_bar is not None: epoch_bar.close()
+        for bar in self._spares.values(): bar.close()
+        self._spares = {}
 
 class _Plot(LivePlot):
     "LivePlot whose frames go to the dashboard's image widget (and to `path`, if given)."
@@ -61,13 +75,15 @@ _HINT = ('Buttons work with <code>learn.fit_async(...)</code>: a plain <code>fit
          'until it ends. To stop this fit, interrupt the kernel.')
 _LIVE_TEXT = 'Training dashboard (live while the fit runs; a static summary replaces it when the fit ends)'
 _CELL = 'padding:1px 6px;text-align:right;white-space:nowrap;font-weight:normal;overflow:hidden'
-_ROW = dict(margin='0', height='auto', min_height='0')  # a live table row's layout
-_FORK_BUTTON = dict(width='44px', height='20px', padding='0', margin='0 0 0 6px')
+_BAR_PX, _ROW_PX = 32, 21  # a tqdm bar's height, a table row's (18 px line, 2 px padding, 1 px border): space kept
+_FORK_BUTTON = dict(width='44px', height=f'{_ROW_PX}px', padding='0', margin='0 0 0 6px')
 _TABLE = 'border-collapse:collapse;table-layout:fixed;font-size:12px;line-height:18px;font-variant-numeric:tabular-nums;margin:0'
+
+def _cell_width(key): return 7 * (max(len(key), 7) + 2)  # px: 7 a character, a column's name or a number
 
 def _cells(values, keys, tag='td'):
     "A table row's cells, each of a fixed width (in characters) so that separate rows line up."
-    return ''.join(f'<{tag} style="{_CELL};width:{7 * (max(len(k), 7) + 2)}px">{html.escape(v)}</{tag}>'
+    return ''.join(f'<{tag} style="{_CELL};width:{_cell_width(k)}px">{html.escape(v)}</{tag}>'
                    for k, v in zip(keys, values))
 
 def _row_values(row, keys): return [format_row(row, [k]).strip() if k in row else '' for k in keys]
@@ -124,12 +140,13 @@ class Dashboard(Callback):
     order = Order.DISPLAY
     side_effects = main_process_only = True  # it draws and takes clicks; under DDP rank 0 alone does
 
-    def __init__(self, refresh=0.2, every=1.0, path=None, max_share=0.02, plot=True, theme=None, table_rows=8):
+    def __init__(self, refresh=0.2, every=1.0, path=None, max_share=0.02, plot=True, theme=None, table_rows=8,
+                 snapshot_every=2.0):
         self.bars = _Bars(self, refresh)
         self.plot = _Plot(self, every=every, path=path, max_share=max_share, theme=theme) if plot else None
         self.parts = [p for p in (self.bars, self.plot) if p is not None]
         self._tables = dispatch_tables(self.parts)  # built once, as the Learner's own dispatch, for both phases
-        self.refresh, self.table_rows = refresh, table_rows
+        self.refresh, self.table_rows, self.snapshot_every = refresh, table_rows, snapshot_every
         self.widget, self.handles, self.rows, self.summary = None, [], [], None
         self.ancestors = []  # the static summaries of the runs this fit was forked from, in this output: oldest first
         self._carry = self._fork_request = None  # a fork asked from this dashboard, and what the branch takes over
@@ -146,10 +163,11 @@ class Dashboard(Callback):
         self.controls = controls
         self._context = contextvars.copy_context()  # the calling cell's: a branch started from here trains in it
         self.can_fork = self.live and getattr(learn, 'keeps_fork_points', lambda: False)()
-        self._fork_buttons = {}  # the shown rows' fork controls, by step
+        self._fork_buttons, self._shown_steps = [], []  # a fork control beside each shown row, and the rows' steps
         self._seen_cbs = list(learn.cbs)  # the Learner's and this fit's own (a schedule, say): a branch takes the latter
         self._log_start = len(controls.log) if controls is not None else 0  # this fit's requests start here
-        self._bar_widgets, self.bar_box = {}, W.VBox()
+        n_bars = 3 if learn.valid_dl is not None else 2  # epoch, train, valid: their space kept from the start
+        self._bar_widgets, self.bar_box = {}, W.VBox(layout=W.Layout(min_height=f'{n_bars * _BAR_PX}px'))
         self.stop_button = W.Button(description='Stop', icon='stop', button_style='danger', tooltip='end the fit after this batch')
         self.pause_button = W.Button(description='Pause', icon='pause', tooltip='hold at the next step')
         self.save_button = W.Button(description='Save', icon='save', tooltip='write a checkpoint at the next step (at once while paused)')
@@ -158,6 +176,11 @@ class Dashboard(Callback):
         self.status = W.Label()
         self.status.add_class('nbtrainer-status')
         self.hint = W.HTML() if self.live else W.HTML(f'<i>{_HINT}</i>')
+        self._key = f'nbtrainer-snapshot-{id(self):x}-{learn.fit_start[1]}'  # this fit's saved snapshot
+        # The live widget hides the snapshot below it (a saved notebook without the widget shows it); bar text stays on
+        # one line, so that a long postfix never makes the bar taller.
+        style = W.HTML(f'<style>.{self._key}{{display:none}} .nbtrainer-dashboard .widget-html-content'
+                       f'{{white-space:nowrap;overflow:hidden}}</style>', layout=W.Layout(display='none'))
         self.buttons = (self.stop_button, self.pause_button, self.save_button, self.lr_box, self.lr_button)
         for b in self.buttons: b.disabled = not self.live
         if self.live:
@@ -167,17 +190,50 @@ class Dashboard(Callback):
             self.lr_button.on_click(self._on_lr)
             self.lr_box.observe(self._on_lr, names='value')  # Enter (or leaving the field) applies it
             controls.listeners.append(self._on_request)  # feedback while the loop is held, too
-        self.image = W.Image(format='png', layout=W.Layout(display='none'))  # no slot until the first frame
-        self._row_widgets, self._keys = [], None
-        self.header = W.HTML(layout=W.Layout(**_ROW))
-        self.table = W.VBox([self.header], layout=W.Layout(margin='0 0 0 12px'))
-        view = W.HBox([self.image, self.table], layout=W.Layout(flex_flow='row wrap', align_items='flex-start'))
+        width, height = self._figure_size()  # its slot kept from the start, shown with the first frame
+        self.image = W.Image(format='png', layout=W.Layout(width=f'{width}px', height=f'{height}px',
+                                                           visibility='hidden'))
+        self.table = W.HTML(layout=W.Layout(margin='0 0 0 12px', min_height=f'{(self.table_rows + 1) * _ROW_PX}px',
+                                            min_width=f'{self._table_width()}px'))  # beside the figure or below it
+        table = W.HBox([self.table, self._fork_column()]) if self.can_fork else self.table
+        view = W.HBox([self.image, table], layout=W.Layout(flex_flow='row wrap', align_items='flex-start'))
         carried = [W.HTML(''.join(html_ for html_, _ in self.ancestors))] if self.ancestors else []
-        self.widget = W.VBox([*carried, self.bar_box, W.HBox(self.buttons), self.status, self.hint, view])
+        self.widget = W.VBox([*carried, style, self.bar_box, W.HBox(self.buttons), self.status, self.hint, view])
         self.widget.add_class('nbtrainer-dashboard')
+        self._changed, self._snapshot_at = True, time.perf_counter()
         if self.handles:  # a branch forked from this dashboard: it takes the parent's place in the same output
             for handle in self.handles: handle.update(widget_bundle(self.widget, _LIVE_TEXT), raw=True)
-        elif in_jupyter(): self.handles.append(display_widget(self.widget, _LIVE_TEXT))
+            if self.snapshot is not None: self.snapshot.update(self._snapshot(), raw=True)
+        elif in_jupyter():
+            self.handles.append(display_widget(self.widget, _LIVE_TEXT))
+            from IPython.display import display
+            self.snapshot = display(self._snapshot(), raw=True, display_id=True)
+
+    def _table_width(self):
+        "The table's width (px) with the columns a fit's rows usually have: it takes its place before the first row."
+        learn = self.learn
+        keys = ['epoch', 'step', 'train_loss', *(['valid_loss', *map(metric_name, learn.metrics)] if learn.valid_dl
+                                                 is not None else []), 'lr', 'time']
+        return sum(_cell_width(k) for k in keys)
+
+    def _figure_size(self):
+        "The figure's size on the page (CSS px): the live plot's figure, or a new figure's default size."
+        from nbtrainer.plotting import DISPLAY_DPI, display_size, new_figure
+        fig = getattr(self.plot, 'fig', None)
+        if fig is not None: return display_size(fig)
+        return tuple(round(v * DISPLAY_DPI) for v in inspect.signature(new_figure).parameters['size'].default)
+
+    def _snapshot(self):
+        "The fit so far as plain HTML (figure, table, status): what a notebook saved mid-fit keeps in the cell."
+        bundle = self._bundle(f'Fit running: {self.status.value or "starting"}')
+        bundle['text/html'] = f'<div class="{self._key}">{bundle["text/html"]}</div>'
+        return bundle
+
+    def _update_snapshot(self, now):
+        "Refresh the saved snapshot at most every `snapshot_every` s, when something changed."
+        if self.snapshot is None or not self._changed or now - self._snapshot_at < self.snapshot_every: return
+        self._snapshot_at, self._changed = now, False
+        self.snapshot.update(self._snapshot(), raw=True)
 
     def _place_bar(self, slot, container):
         "Put a bar's widget in its slot (epoch, train, valid: in that order), or empty the slot (None)."
@@ -188,47 +244,48 @@ class Dashboard(Callback):
 
     def _show_frame(self, png, fig):
         from nbtrainer.plotting import display_size
-        self.image.value = png
-        if self.image.layout.display == 'none':  # the first frame: the figure takes its place, at its display size
-            self.image.layout.width = f'{display_size(fig)[0]}px'
-            self.image.layout.display = ''
+        self.image.value, self._changed = png, True
+        if self.image.layout.visibility == 'hidden':  # the first frame: shown in its slot, at the figure's display size
+            width, height = display_size(fig)
+            layout = self.image.layout
+            layout.width, layout.height, layout.visibility = f'{width}px', f'{height}px', 'visible'
 
     def _add_row(self, row):
-        "The latest evaluations: one new row widget per evaluation, the oldest dropped; the whole table when a column appears."
-        import ipywidgets as W
+        """The latest evaluations: the table's one HTML widget gets the last `table_rows` rows. A widget per row leaked
+        in the browser (each closed row view kept its DOM: about 170 nodes an evaluation); a new value only replaces."""
         self.rows.append(row)
+        self._changed = True
         keys = list(dict.fromkeys(k for r in self.rows for k in r))
-        # Each row has its own layout and style, closed with it: parts shared by every row would hold, in the browser, a
-        # view for each row ever shown, and the page would stall longer and longer as the fit goes on (bench/dashboard.py).
-        new_row = lambda r: self._row_widget(r, keys)
-        dropped = self._row_widgets
-        if keys != self._keys:  # a new column (rare): the header and the kept rows again
-            self._keys, self.header.value = keys, _table_html([], keys)
-            self._row_widgets = [new_row(r) for r in self.rows[-self.table_rows:]]
-        else:
-            self._row_widgets = [*self._row_widgets, new_row(row)][-self.table_rows:]
-            dropped = [w for w in dropped if w not in self._row_widgets]
-        self.table.children = [self.header, *self._row_widgets]
-        for w in dropped: _close(w)
+        self.table.value = _table_html(self.rows[-self.table_rows:], keys)
+        self._shown_steps = [r['step'] for r in self.rows[-self.table_rows:]]
+        if self.can_fork: self._enable_forks(self.controls.paused)
 
-    def _row_widget(self, row, keys):
-        "A table row; with a fork control when this Learner keeps states to fork from (enabled while paused)."
+    def _fork_column(self):
+        "A fork control beside each of the table's rows (the i-th beside the i-th row), usable while paused."
         import ipywidgets as W
-        cells = W.HTML(_table_html([row], keys, header=False), layout=W.Layout(**_ROW))
-        if not self.can_fork: return cells
-        step = row['step']
-        button = W.Button(description='fork', disabled=True, tooltip=f'pause, then fork here: back to step {step}, '
-                          "train on with the LR field's lr as a new branch", layout=W.Layout(**_FORK_BUTTON))
-        button.add_class('nbtrainer-fork')
-        button.style.font_size = '11px'
-        button.on_click(lambda _: self._on_fork(step))
-        self._fork_buttons = {s: b for s, b in self._fork_buttons.items() if b.comm is not None} | {step: button}
-        return W.HBox([cells, button], layout=W.Layout(**_ROW))
+        def button(i):
+            b = W.Button(description='fork', disabled=True, layout=W.Layout(visibility='hidden', **_FORK_BUTTON))
+            b.add_class('nbtrainer-fork')
+            b.style.font_size = '11px'
+            b.on_click(lambda _: self._on_fork(self._shown_steps[i]))
+            return b
+        self._fork_buttons = [button(i) for i in range(self.table_rows)]
+        header = W.Box(layout=W.Layout(height=f'{_ROW_PX}px', min_height=f'{_ROW_PX}px'))  # beside the table's header
+        return W.VBox([header, *self._fork_buttons], layout=W.Layout(margin='0'))
+
+    def fork_button(self, step):
+        "The fork control beside the row of the evaluation at `step`, if that row is shown."
+        return self._fork_buttons[self._shown_steps.index(step)] if step in self._shown_steps else None
 
     def _enable_forks(self, paused):
         "While paused, the rows whose state is kept can be forked from; otherwise none."
         kept = set(self.learn.fork_steps()) if paused and self.can_fork and self._fork_request is None else set()
-        for step, button in self._fork_buttons.items(): button.disabled = step not in kept
+        for i, button in enumerate(self._fork_buttons):
+            step = self._shown_steps[i] if i < len(self._shown_steps) else None
+            button.layout.visibility = 'hidden' if step is None else 'visible'
+            button.disabled = step not in kept
+            button.tooltip = f"fork at step {step}: back to that evaluation, on with the LR field's lr" if step else ''
+
 
     def _show_status(self):
         learn = self.learn
@@ -243,6 +300,7 @@ class Dashboard(Callback):
         action = self.controls.log[-1][1]
         if action in ('pause', 'resume', 'stop'): self._enable_forks(action == 'pause')
         if self.plot is not None and action in ('pause', 'resume'): self.plot.render()
+        self._changed = True  # the snapshot says it at its next refresh: no extra work while requests are handled
 
     # ---- button handlers: main thread, they only set flags and touch their own button ----
     def _on_stop(self, _):
@@ -300,7 +358,7 @@ class Dashboard(Callback):
     def before_fit(self):
         for part in self.parts: part.learn = self.learn
         carry, self._carry = self._carry, None
-        handles, self.ancestors, parent = carry if carry is not None else ([], [], None)
+        handles, self.ancestors, parent, self.snapshot = carry if carry is not None else ([], [], None, None)
         if self.plot is not None: self.plot.parent_curves = parent  # the parent run, faint behind the branch
         self.rows, self.handles, self.summary, self._last = [], handles, None, time.perf_counter()
         self._start = self._last
@@ -320,6 +378,7 @@ class Dashboard(Callback):
         if now - self._last >= self.refresh:
             self._last = now
             self._show_status()
+            self._update_snapshot(now)
 
     def after_fit(self):
         if self.widget is None: return  # the fit failed before the dashboard was built
@@ -342,7 +401,7 @@ class Dashboard(Callback):
         if request is None or self.learn.fit_outcome != 'stopped': return
         step, lr, curves = request
         own = self._static(ancestors=False)
-        carry = (list(self.handles), [*self.ancestors, (own['text/html'], own['text/plain'])], curves)
+        carry = (list(self.handles), [*self.ancestors, (own['text/html'], own['text/plain'])], curves, self.snapshot)
         threading.Thread(target=self._context.run, args=(self._train_branch, step, lr, carry), name='nbtrainer-fork',
                          daemon=True).start()
 
@@ -353,6 +412,7 @@ class Dashboard(Callback):
         self.widget.children = [W.HTML(self.static['text/html'])]  # views the display handles cannot reach
         for child in old: _close(child)  # closing frees the widgets' comms
         for handle in list(self.handles): handle.update(self.static, raw=True)
+        if self.snapshot is not None: self.snapshot.update({'text/plain': ''}, raw=True)  # the summary replaces it
 
     def _requests(self):
         "What the controls carried out during this fit, in one line."
@@ -361,9 +421,13 @@ class Dashboard(Callback):
 
     def _static(self, ancestors=True):
         "A plain output bundle: kept by a saved notebook, unlike widgets; the runs this one was forked from above it."
+        return self._bundle(self.summary, ancestors)
+
+    def _bundle(self, headline, ancestors=True):
+        "The fit as HTML (headline, requests, figure, table, failure) and text, with no widget; its ancestors' above it."
         learn, requests = self.learn, self._requests()
         carried = self.ancestors if ancestors else []
-        parts = [html_ for html_, _ in carried] + [f'<p style="margin:4px 0"><b>{html.escape(self.summary)}</b></p>']
+        parts = [html_ for html_, _ in carried] + [f'<p style="margin:4px 0"><b>{html.escape(headline)}</b></p>']
         if requests: parts.append(f'<p style="margin:4px 0;font-size:12px">Requests: {html.escape(requests)}</p>')
         figure = ''
         if self.image.value:
@@ -372,11 +436,11 @@ class Dashboard(Callback):
                       f'src="data:image/png;base64,{base64.b64encode(self.image.value).decode()}"/>')
         table = f'<div style="max-height:320px;overflow-y:auto">{_table_html(self.rows)}</div>' if self.rows else ''
         parts.append(f'<div style="display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start">{figure}{table}</div>')
-        if learn.fit_outcome == 'failed':
+        if self.summary is not None and learn.fit_outcome == 'failed':  # never a past fit's failure mid-fit
             trace = ''.join(traceback.format_exception(learn.fit_exception))
             parts.append(f'<details><summary>Traceback</summary><pre>{html.escape(trace)}</pre></details>')
         keys = list(dict.fromkeys(k for row in self.rows for k in row))
-        text = '\n'.join([*(text for _, text in carried), self.summary, *([f'Requests: {requests}'] if requests else []),
+        text = '\n'.join([*(text for _, text in carried), headline, *([f'Requests: {requests}'] if requests else []),
                           *([format_header(keys)] if keys else []), *(format_row(r, keys) for r in self.rows)])
         return {'text/html': '\n'.join(parts), 'text/plain': text}
 
@@ -407,7 +471,7 @@ class Dashboard(Callback):
                 note.value = f'<b>{html.escape(str(e))}</b>'
                 return
             button.disabled = True
-            carry = ([handle], [], history_curves(self.learn.recorder))  # this fit's summary keeps its own output
+            carry = ([handle], [], history_curves(self.learn.recorder), None)  # this fit's summary keeps its output
             # the bar is not closed: JupyterLab hides an output whose first widget closes, whatever replaced it
             threading.Thread(target=contextvars.copy_context().run, args=(self._train_branch, pick.value, lr, carry),
                              name='nbtrainer-fork', daemon=True).start()

@@ -61,12 +61,12 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
             run_cell(page, SETUP)
             run_cell(page, FIT)
             dash = cell(page, FIT).locator('.nbtrainer-dashboard')
-            forks = dash.locator('.nbtrainer-fork')
+            forks, rows = dash.locator('.nbtrainer-fork'), dash.locator('.nbtrainer-history tbody tr')
             deadline = time.time() + 180
-            while forks.count() < 4:  # four evaluations shown, each row with its fork control
-                assert time.time() < deadline, 'the rows never got fork controls'
+            while rows.count() < 4:  # four evaluations shown, a fork control beside each row
+                assert time.time() < deadline, 'the table never got four rows'
                 page.wait_for_timeout(100)
-            assert all(forks.nth(i).is_disabled() for i in range(forks.count()))  # not while the fit runs
+            assert forks.count() >= 4 and all(forks.nth(i).is_disabled() for i in range(forks.count()))  # not running
 
             dash.locator('.widget-button:has-text("Pause")').click()
             paused_at = int(wait_for_status(page, dash, r'paused at step (\d+)').group(1))
@@ -76,7 +76,6 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
             field.fill('0.005')
             field.press('Enter')
             wait_for_status(page, dash, r'lr 0\.005')  # applied at once while paused: the field holds it
-            rows = dash.locator('.nbtrainer-history tbody tr')
             target = enabled[0]
             fork_step = int(rows.nth(target).locator('td').nth(1).inner_text())
             assert fork_step < paused_at
@@ -105,7 +104,7 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
             assert len(state['runs']) == 2 and len(branches) == 1 and branches[0]['parent']['step'] == fork_step
             assert branches[0]['parent']['run'] in {r['id'] for r in state['runs']} - {branches[0]['id']}  # its id there
             page.wait_for_function('''[...document.querySelectorAll('.nbtrainer-dashboard img.widget-image')]
-                .some(i => i.offsetWidth > 0)''', timeout=60_000)  # the branch's first frame, the parent grey behind
+                .some(i => getComputedStyle(i).visibility === 'visible')''', timeout=60_000)  # the branch's first frame
             cell(page, FIT).screenshot(path=str(ARTIFACTS / 'fork-branch.png'))
 
             branch.locator('.widget-button:has-text("Stop")').click()
