@@ -60,7 +60,10 @@ class Controls(Callback):
     def set_lr(self, lr):
         "Use `lr` as `learn.lr` from the next step."
         self._one_process_only('set_lr')
-        self._lr = hyperparameter('lr', lr)  # a bad value fails here, in the caller's thread, not in the training loop
+        lr = hyperparameter('lr', lr)  # a bad value fails here, in the caller's thread, not in the training loop
+        current = self._lr if self._lr is not None else getattr(self.learn, 'lr', None)
+        if lr == current: return  # the same lr again (Set LR after Enter sent it): one request, not two
+        self._lr = lr
         self._wake.set()
 
     def save(self):
@@ -124,7 +127,8 @@ class Controls(Callback):
         folder = self.save_dir or next((cb.folder for cb in learn.cbs if getattr(cb, 'keeps_checkpoints', False)),
                                        'runs/checkpoints')
         path = learn.save(Path(folder) / f'manual-step{learn.step}.pt')
-        self._note('save', str(path), 'saved', path.name)
+        shown = path.resolve().relative_to(Path.cwd()) if path.resolve().is_relative_to(Path.cwd()) else path
+        self._note('save', str(path), 'saved', str(shown))  # with its folder: where to find it
 
     def _hold(self):
         learn = self.learn

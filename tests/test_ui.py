@@ -220,7 +220,7 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             lr_box.press('Enter')
             wait_for_status(page, dash, rf'lr 0\.01 from step {held}\b')
             dash.locator('.widget-button:has-text("Save")').click()
-            wait_for_status(page, dash, rf'saved manual-step{held}\.pt')
+            wait_for_status(page, dash, rf'saved ckpt/manual-step{held}\.pt')
             assert int(re.match(r'step (\d+)', status_text(page, dash)).group(1)) == held  # still held there
             lap(f'paused at step {held}: lr and save carried out at once: {status_text(page, dash)!r}')
             page.screenshot(path=str(ARTIFACTS / 'dashboard-paused.png'), full_page=True)
