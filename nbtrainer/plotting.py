@@ -173,6 +173,12 @@ def history_curves(recorder, steps=None):
     curves['valid_loss'] = ([s for s, _ in valid], [v for _, v in valid])
     return curves
 
+def _least_span(ax, share=0.05):
+    "A linear axis spans at least `share` of its values' size: one point of 0.832 gets 0.81-0.85, not 0.831-0.833."
+    lo, hi = ax.get_ylim()
+    least = share * max(abs(lo), abs(hi), 1e-3)
+    if ax.get_yscale() == 'linear' and hi - lo < least: ax.set_ylim((lo + hi - least) / 2, (lo + hi + least) / 2)
+
 def plot_history(recorder, path=None, fig=None, theme=None, metrics=(), parent=None):
     """Draw `recorder`'s loss and metric curves into `fig` (a new figure if None); save a PNG to `path` if given.
     `parent`: the `history_curves` of the run this one was forked from, drawn faintly behind."""
@@ -196,7 +202,9 @@ def plot_history(recorder, path=None, fig=None, theme=None, metrics=(), parent=N
     for ax in fig.axes: ax.relim()
     lo, hi = fig.axes[0].dataLim.intervaly
     fig.axes[0].set_yscale('log' if 0 < lo and hi >= 100 * lo else 'linear')  # losses over two decades: each readable
-    for ax in fig.axes: ax.autoscale_view()
+    for ax in fig.axes:
+        ax.autoscale_view()
+        _least_span(ax)
     if path is not None: fig.savefig(path)  # the same 2x PNG Jupyter shows
     return fig
 

@@ -90,7 +90,9 @@ class ProgressCallback(Callback):
         n_batches = loader_length(learn.train_dl)
         steps_per_epoch = learn.steps_per_epoch or (math.ceil(n_batches / learn.accumulate) if n_batches else None)
         epochs = learn.n_epochs or (math.ceil(learn.n_steps / steps_per_epoch) if learn.n_steps and steps_per_epoch else None)
-        self.epoch_bar = self._bar(total=epochs, initial=learn.epoch - learn.fit_start[0], desc='epoch', unit='epoch', position=0)
+        start = learn.fit_start[0]  # epochs count from the Learner's start, as the table's epoch column does
+        self.epoch_bar = self._bar(total=start + epochs if epochs else None, initial=learn.epoch, desc='epoch', unit='epoch',
+                                   position=0)
 
     def before_train(self):
         learn = self.learn
