@@ -132,13 +132,14 @@ class Controls(Callback):
 
     def _hold(self):
         learn = self.learn
-        self._note('pause', None, 'paused', f'at step {learn.step}')
-        try:
-            while not self._running.is_set():
-                self._wake.wait(0.1)  # woken by any request; short waits, so a kernel interrupt is not held up
-                self._wake.clear()
-                self._carry_out()  # Save and Set LR while paused: at once, at this step boundary
-        finally: learn.status.pop('paused', None)
+        with learn.recorder.held():  # the history's time column counts training, not pauses
+            self._note('pause', None, 'paused', f'at step {learn.step}')
+            try:
+                while not self._running.is_set():
+                    self._wake.wait(0.1)  # woken by any request; short waits, so a kernel interrupt is not held up
+                    self._wake.clear()
+                    self._carry_out()  # Save and Set LR while paused: at once, at this step boundary
+            finally: learn.status.pop('paused', None)
         self._note('resume', None, None, None)
         if self._stop.is_set(): self._stop_now()
 

@@ -124,7 +124,7 @@ class Learner:
     pred_key = 'logits'  # the predictions in a model output that is a mapping or dataclass
     eval_seed = 0  # picks the fixed validation subset of fit(eval_subset=...)
     # Set by feature modules when imported (`import nbtrainer` imports them all), so core never imports them:
-    display_factory = None      # nbtrainer.progress: dashboard (bool) -> the callback that shows progress
+    display_factory = None      # nbtrainer.progress: (dashboard, display) -> the callback that shows progress
     distributed_factory = None  # nbtrainer.distributed: sync_bn (bool) -> the DDP strategy (a callback too)
     strategy_factories = {}     # by name: 'ddp' (nbtrainer.distributed), 'fsdp' (nbtrainer.fsdp): sync_bn -> a strategy
     preemption_factory = None   # nbtrainer.preemption: () -> the callback that turns SIGTERM into a checkpointed stop
@@ -134,7 +134,7 @@ class Learner:
                  lr=1e-3, metrics=None, cbs=(), device=None, progress=True, skip_nonfinite=False,
                  precision='fp32', accumulate=1, clip_grad_norm=None, compile=False, dashboard=True, distributed=None,
                  sync_bn=False, train_metrics=(), preemption=True, fork_points=0, splitter=None, deterministic=False,
-                 strategy='auto'):
+                 strategy='auto', display=None):
         for name, dl in (('train_dl', train_dl), ('valid_dl', valid_dl)): check_loader(name, dl)
         if clip_grad_norm is not None: clip_grad_norm = hyperparameter('clip_grad_norm', clip_grad_norm)
         self.window = Accumulation(accumulate)  # the parts: nbs/00f_parts.ipynb
@@ -180,7 +180,7 @@ class Learner:
         self._events = self._tables[False]
         self.recorder = Recorder(train_metrics=self._make_metrics(train_metrics, prefix='train_'))
         defaults = [self.recorder] + ([self.strategy] if self.strategy.distributed else [])
-        if progress: defaults.append(Learner.display_factory(dashboard))
+        if progress: defaults.append(Learner.display_factory(dashboard, display))
         if preemption and Learner.preemption_factory is not None: defaults.append(Learner.preemption_factory())
         if skip_nonfinite: defaults.append(SkipNonFinite())
         if fork_points: defaults.append(Learner.fork_points_factory(fork_points))

@@ -78,11 +78,25 @@ class ProgressCallback(Callback):
         self.refresh, self.file = refresh, file
         self.epoch_bar = self.batch_bar = self.valid_bar = None
         self._pending, self._last, self._refresh = 0, 0.0, self._show  # batches not shown yet, last refresh, what it updates
+        self._outputs = {}  # a notebook bar's output, by the bar's id: it ends as the bar's text
 
     def _bar(self, **kwargs):
-        if self.file is None: from tqdm.auto import tqdm  # lazy: picks the notebook widget in Jupyter
-        else: from tqdm import tqdm  # text to the file asked for, in Jupyter too
+        if self.file is None and in_jupyter(): return self._notebook_bar(**kwargs)
+        from tqdm import tqdm  # lazy; text to the file asked for (stderr by default), in Jupyter too
         return tqdm(file=self.file, dynamic_ncols=True, **kwargs)
+
+    def _notebook_bar(self, position=None, **kwargs):
+        "A `tqdm.notebook` bar in an output of its own, which `_close` turns into text: no dead widget in a saved notebook."
+        from tqdm.notebook import tqdm  # lazy: widgets only in a notebook
+        bar = tqdm(display=False, **kwargs)
+        self._outputs[id(bar)] = display_widget(bar.container, str(bar))
+        return bar
+
+    def _close(self, bar):
+        "Close a bar; a notebook bar's output becomes its last text first (nothing, for a bar that does not stay)."
+        output = self._outputs.pop(id(bar), None)
+        if output is not None: output.update({'text/plain': str(bar) if bar.leave else ''}, raw=True)
+        bar.close()
 
     def before_fit(self):
         learn = self.learn
@@ -121,7 +135,7 @@ class ProgressCallback(Callback):
 
     def after_train(self):
         self._show()
-        self.batch_bar.close()
+        self._close(self.batch_bar)
         self.batch_bar = None
 
     def before_validate(self):
@@ -137,7 +151,7 @@ class ProgressCallback(Callback):
 
     def after_validate(self):
         if self._refresh != self._show_valid: return
-        if self.valid_bar is not None: self.valid_bar.close()  # leave=False: it disappears
+        if self.valid_bar is not None: self._close(self.valid_bar)  # leave=False: it disappears
         self.valid_bar, self._pending, self._refresh = None, self._train_pending, self._show
 
     def after_eval(self):
@@ -156,9 +170,9 @@ class ProgressCallback(Callback):
         if self.learn.fit_outcome != 'finished' and self.epoch_bar is not None:
             self.epoch_bar.write(describe_ending(self.learn), file=self.file)
         for bar in (self.valid_bar, self.batch_bar, self.epoch_bar):
-            if bar is not None: bar.close()
+            if bar is not None: self._close(bar)
         self.epoch_bar = self.batch_bar = self.valid_bar = None
         self._refresh = self._show
 
 # %% ../nbs/02_progress.ipynb #d8d7bb91
-Learner.display_factory = lambda dashboard: ProgressCallback()  # Learner(progress=True); nbtrainer.dashboard adds Jupyter's
+Learner.display_factory = lambda dashboard, display=None: ProgressCallback()  # nbtrainer.dashboard adds Jupyter's

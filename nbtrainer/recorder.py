@@ -8,7 +8,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/recorder.html.md"""
 __all__ = ['Column', 'RunColumn', 'smoothing_beta', 'smooth', 'Recorder', 'monitored_value', 'check_monitor', 'SkipNonFinite']
 
 # %% ../nbs/00d_recorder.ipynb #64391e35
-import array, bisect, math, time
+import array, bisect, contextlib, math, time
 from collections.abc import Sequence
 
 import numpy as np
@@ -180,7 +180,14 @@ class Recorder(Callback):
         return RunColumn(values, integer=name != 'lr')
 
     def before_fit(self):
-        self._start = time.perf_counter()
+        self._start, self._held = time.perf_counter(), 0.0
+
+    @contextlib.contextmanager
+    def held(self):
+        "Time spent in this block (a paused fit) is not training time: the rows' `time` leaves it out."
+        start = time.perf_counter()
+        try: yield
+        finally: self._held += time.perf_counter() - start
         if self.smoothing is None:  # the curve's length at the end of this fit
             self.beta = smoothing_beta(self.learn.fit_start[1] + (self.learn.n_steps or 0))
 
@@ -246,7 +253,7 @@ class Recorder(Callback):
         if len(set(lrs)) > 1: row['lrs'] = lrs  # each group's, where they differ
         if learn.grad_norm is not None: row['grad_norm'] = float(learn.grad_norm)  # clipping's, read once per row
         if learn.precision.scaler is not None: row['skipped_steps'] = learn.skipped_steps  # fp16's, read once per row
-        row['time'] = time.perf_counter() - self._start
+        row['time'] = time.perf_counter() - self._start - self._held
         self.history.append(row)
         return row
 

@@ -45,9 +45,30 @@ def test_dashboard_is_the_default_and_leaves_a_static_summary(tmp_path):
     html = dash_out.data['text/html']
     assert 'Fit finished at step 80 of 80' in html and '<table' in html and 'data:image/png;base64,' in html
     assert 'application/vnd.jupyter.widget-view+json' not in dash_out.data  # replaced, not left as a dead widget
-    opt_out = nb.cells[2].outputs
-    assert any('application/vnd.jupyter.widget-view+json' in o.get('data', {}) for o in opt_out)  # tqdm.notebook bars
+    opt_out = nb.cells[2].outputs  # dashboard=False: tqdm.notebook bars, each ending as its text (no dead widget)
+    assert not any('application/vnd.jupyter.widget-view+json' in o.get('data', {}) for o in opt_out)
+    bars = [o.data['text/plain'] for o in opt_out if o.output_type == 'display_data' and o.data.get('text/plain')]
+    assert len(bars) == 1 and bars[0].startswith('epoch: 100%') and '1/1' in bars[0]
     assert 'Dashboard ProgressCallback' in ''.join(o.get('text', '') for o in opt_out)
+
+
+def test_the_display_is_chosen_by_argument_or_environment(tmp_path):
+    "display='html' and NBTRAINER_DISPLAY=html: no widget, the HTML summary; display='text': text bars and rows."
+    nb = run_notebook([SETUP, """
+        learn = Learner(SlowLinear(8, 2), dl, dl, lr=0.1, display='html')
+        await learn.fit_async(1)""", """
+        import os
+        os.environ['NBTRAINER_DISPLAY'] = 'html'
+        Learner(nn.Linear(8, 2), dl, dl, lr=0.1).fit(1)
+        del os.environ['NBTRAINER_DISPLAY']""", """
+        Learner(nn.Linear(8, 2), dl, dl, lr=0.1, display='text').fit(1)"""], tmp_path)
+    for i in (1, 2):
+        outputs = nb.cells[i].outputs
+        assert not any('application/vnd.jupyter.widget-view+json' in o.get('data', {}) for o in outputs)
+        summary, = [o.data['text/html'] for o in outputs if o.get('data', {}).get('text/html')]
+        assert 'Fit finished at step 40 of 40' in summary and '<table' in summary, i
+    text = ''.join(o.get('text', '') for o in nb.cells[3].outputs)
+    assert not any(o.get('data') for o in nb.cells[3].outputs) and 'epoch: 100%' in text and 'valid_loss' in text
 
 
 def shell_reply(kc, msg_id, timeout=60):

@@ -62,3 +62,10 @@ def test_stored_outputs_read_without_a_kernel(path):
             data = out.get('data', {})
             if WIDGET in data:
                 assert any(k in data for k in STATIC), f'{where}: a live widget with no static form is stored'
+
+
+@pytest.mark.parametrize('path', ALL_NOTEBOOKS, ids=ids(ALL_NOTEBOOKS))
+def test_stored_with_the_language_jupyter_adds(path):
+    "Jupyter adds `language_info` when it opens a notebook that lacks it, and the notebook opens as modified."
+    info = nbformat.read(path, as_version=4).metadata.get('language_info', {})
+    assert info.get('name') == 'python' and info.get('file_extension') == '.py', f'{path.name}: run `{RERUN.format(path.relative_to(ROOT))}`'

@@ -16,7 +16,7 @@ clicks, in JupyterLab's dark theme.
 
 Screenshots go to `test-artifacts/ui/`. Recipe and pitfalls: the UI-testing notes (kernel readiness, selectors scoped to
 outputs). Every wait is on a condition with a deadline: the test passes on a loaded machine."""
-import json, os, re, shutil, socket, subprocess, sys, time, urllib.request
+import contextlib, json, os, re, shutil, socket, subprocess, sys, time, urllib.request
 
 import nbformat
 import pytest
@@ -80,28 +80,25 @@ def sessions(port):
     return json.load(urllib.request.urlopen(f'http://127.0.0.1:{port}/api/sessions'))
 
 
-@pytest.fixture
-def lab(tmp_path):
-    "A fresh JupyterLab server on loopback with the test notebook, in the dark theme; the news toast is switched off."
+@contextlib.contextmanager
+def lab_server(folder, env=None):
+    "A fresh JupyterLab server on loopback serving `folder`, in the dark theme, the news toast off; yields its port."
     if not os.path.exists(CHROMIUM):
         pytest.fail("Chromium is missing: apt-get install -y chromium chromium-driver (tools/test.sh does it when root)")
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
-    nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}
-    nbformat.write(nb, tmp_path / 'ui_fit.ipynb')
-    settings = tmp_path / 'settings' / '@jupyterlab' / 'apputils-extension'
+    settings = folder / 'settings' / '@jupyterlab' / 'apputils-extension'
     settings.mkdir(parents=True)
     (settings / 'notification.jupyterlab-settings').write_text('{"fetchNews": "false", "checkForUpdates": false}')
-    docmanager = tmp_path / 'settings' / '@jupyterlab' / 'docmanager-extension'
+    docmanager = folder / 'settings' / '@jupyterlab' / 'docmanager-extension'
     docmanager.mkdir(parents=True)
     (docmanager / 'plugin.jupyterlab-settings').write_text('{"autosave": false}')  # the test decides what is saved
     (settings / 'themes.jupyterlab-settings').write_text('{\n  // the user picked the dark theme\n  "theme": "JupyterLab Dark"\n}')
     port = free_port()
-    env = {**os.environ, 'JUPYTERLAB_SETTINGS_DIR': str(tmp_path / 'settings'),
-           'JUPYTERLAB_WORKSPACES_DIR': str(tmp_path / 'workspaces')}
-    log = open(tmp_path / 'lab.log', 'w')
+    env = {**os.environ, 'JUPYTERLAB_SETTINGS_DIR': str(folder / 'settings'),
+           'JUPYTERLAB_WORKSPACES_DIR': str(folder / 'workspaces'), **(env or {})}
+    log = open(folder / 'lab.log', 'w')
     server = subprocess.Popen([str(BIN / 'jupyter'), 'lab', '--no-browser', f'--port={port}', '--ServerApp.token=',
-                               '--ServerApp.ip=127.0.0.1', '--allow-root', f'--ServerApp.root_dir={tmp_path}'],
-                              stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+                               '--ServerApp.ip=127.0.0.1', '--allow-root', f'--ServerApp.root_dir={folder}'],
+                              stdout=log, stderr=subprocess.STDOUT, env=env, cwd=folder)
     try:
         deadline = time.time() + 60
         while time.time() < deadline:
@@ -109,13 +106,22 @@ def lab(tmp_path):
                 urllib.request.urlopen(f'http://127.0.0.1:{port}/api/status')
                 break
             except OSError: time.sleep(0.25)
-        yield port, tmp_path
+        yield port
     finally:
         server.terminate()
         try: server.wait(timeout=20)
         except subprocess.TimeoutExpired: server.kill()
         log.close()
-        print((tmp_path / 'lab.log').read_text()[-3000:])
+        print((folder / 'lab.log').read_text()[-3000:])
+
+
+@pytest.fixture
+def lab(tmp_path):
+    "JupyterLab with the test notebook (`lab_server`)."
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
+    nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}
+    nbformat.write(nb, tmp_path / 'ui_fit.ipynb')
+    with lab_server(tmp_path) as port: yield port, tmp_path
 
 
 def output(text): return f'.jp-OutputArea-output:has-text("{text}")'  # outputs only, never the cell source
@@ -272,6 +278,11 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             first_src = figure.get_attribute('src')
             slider = cell(page, FINDER).locator('.widget-hslider')
             assert slider.bounding_box()['width'] >= 400  # 8 decades: a slider long enough to pick from
+            from nbtrainer.lr_finder import PLOT_AREA
+            image, track = figure.bounding_box(), cell(page, FINDER).locator('.widget-hslider .noUi-base').bounding_box()
+            axis = image['x'] + PLOT_AREA['left'] * image['width'], image['x'] + PLOT_AREA['right'] * image['width']
+            measured['lr slider track vs axis (px)'] = track['x'] - axis[0], track['x'] + track['width'] - axis[1]
+            assert all(abs(d) <= 2 for d in measured['lr slider track vs axis (px)']), measured  # lr for lr under the axis
             readout = cell(page, FINDER).locator('.widget-readout').first
             target = '2e-7' if float(readout.inner_text()) < 1.5e-7 else '1e-7'  # the test's first lr, or its second
             readout.click()  # type an lr into the slider's readout, as a person can

@@ -1,0 +1,126 @@
+"""The dashboard in a front end without a widget manager: JupyterLab with the ipywidgets extension disabled
+(`jupyter labextension disable @jupyter-widgets/jupyterlab-manager`, in a configuration folder of the test's own), in
+headless Chromium driven by Playwright.
+
+1. A default Learner (`display='auto'`) in an awaited `fit_async`: the front end closes the widgets it cannot show, the
+   Learner notices, and the same output becomes the HTML dashboard: a status line whose step advances, bars drawn as
+   HTML meters, then the live figure and the table; the static summary replaces it at the end.
+2. A plain `fit`, which keeps the kernel busy (so the widget's closing is heard only after it): the widgets' HTML
+   snapshot, unhidden in such a front end, shows the fit running, bars included.
+3. `Learner(display='html')` in the background: the HTML dashboard from the start, stopped from another cell with
+   `learn.controls.stop()`, its summary in the cell that started it.
+
+Every wait is on a condition with a deadline."""
+import re, subprocess, time
+
+import nbformat
+
+from conftest import BIN
+from test_ui import ARGS, ARTIFACTS, CHROMIUM, cell, lab_server, open_notebook, output, run_cell
+
+CELLS = [
+    '''import time, torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from nbtrainer import Learner
+
+class SlowMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+    def forward(self, x):
+        time.sleep(0.02)
+        return self.net(x)
+
+torch.manual_seed(0)
+x = torch.randn(640, 8); y = (x[:, 0] > 0).long()
+train, valid = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True), DataLoader(TensorDataset(x[:64], y[:64]), batch_size=32)
+learn = Learner(SlowMLP(), train, valid, lr=0.05)''',
+    'await learn.fit_async(steps=400, eval_every=40)  # about 10 s',
+    'learn.fit(steps=400, eval_every=40)  # the kernel is busy until it ends',
+    "html_learn = Learner(SlowMLP(), train, valid, lr=0.05, display='html')\n"
+    'task = html_learn.fit_async(steps=100_000, eval_every=40)  # in the background',
+    "html_learn.controls.stop('stopped from another cell')",
+]
+SETUP, AWAITED, PLAIN, BACKGROUND, STOP = range(5)
+
+
+def running_steps(page, i):
+    "The step in the 'Fit running: step N' line of cell `i`'s output, None when not shown."
+    box = cell(page, i).locator(output('Fit running'))
+    if not box.count() or not box.first.is_visible(): return None
+    found = re.search(r'Fit running: step (\d+)', box.first.inner_text())
+    return int(found.group(1)) if found else None
+
+
+def watch_live_html(page, i, deadline=180):
+    "Watch cell `i` until its summary replaces the live HTML: the steps it showed, and what the HTML dashboard held."
+    steps, seen, end = set(), {'meters': 0, 'figure': 0, 'rows': 0}, time.time() + deadline
+    while not cell(page, i).locator(output('Fit finished')).count():
+        assert time.time() < end, f'cell {i} did not finish'
+        step = running_steps(page, i)
+        if step is not None:
+            steps.add(step)
+            live = cell(page, i).locator(output('Fit running')).first
+            seen = {'meters': max(seen['meters'], live.locator('.nbtrainer-bars progress').count()),
+                    'figure': max(seen['figure'], live.locator('img').count()),
+                    'rows': max(seen['rows'], live.locator('.nbtrainer-history tbody tr').count())}
+            if seen['figure'] and seen['rows'] and not (ARTIFACTS / f'html-cell-{i}.png').exists():
+                cell(page, i).screenshot(path=str(ARTIFACTS / f'html-cell-{i}.png'))
+        page.wait_for_timeout(50)
+    return steps, seen
+
+
+def test_without_a_widget_manager_the_dashboard_is_html(tmp_path):
+    from playwright.sync_api import sync_playwright
+    config = tmp_path / 'jupyter-config'
+    env = {'JUPYTER_CONFIG_DIR': str(config)}
+    subprocess.run([str(BIN / 'jupyter'), 'labextension', 'disable', '--level=user', '@jupyter-widgets/jupyterlab-manager'],
+                   env={**__import__('os').environ, **env}, check=True, capture_output=True)
+    assert '"@jupyter-widgets/jupyterlab-manager": true' in (config / 'labconfig' / 'page_config.json').read_text()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
+    nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}
+    nbformat.write(nb, tmp_path / 'display.ipynb')
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with lab_server(tmp_path, env) as port, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={'width': 1400, 'height': 1400})
+        try:
+            page.goto(f'http://127.0.0.1:{port}/lab/tree/display.ipynb?reset')
+            open_notebook(page, port)
+            assert not page.evaluate("window.jupyterapp?.hasPlugin?.('@jupyter-widgets/jupyterlab-manager:plugin')")
+            run_cell(page, SETUP)
+
+            # ---- 1. the default display turns into HTML once the front end has closed its widgets ----
+            run_cell(page, AWAITED)
+            steps, seen = watch_live_html(page, AWAITED)
+            assert len(steps) >= 3, f'the HTML dashboard did not follow the fit: steps shown {sorted(steps)}'
+            assert seen['meters'] >= 2 and seen['figure'] == 1 and seen['rows'] >= 1, seen
+            summary = cell(page, AWAITED).locator(output('Fit finished')).first
+            assert 'step 400 of 400' in summary.inner_text() and summary.locator('img').count() == 1
+            assert not cell(page, AWAITED).locator(output('Fit running')).count()  # the summary replaced it
+            assert not page.locator('.jp-OutputArea-output:has-text("Error displaying widget")').count()
+
+            # ---- 2. a plain fit: the snapshot below the (unshown) widget is the live view ----
+            run_cell(page, PLAIN)
+            steps, seen = watch_live_html(page, PLAIN)
+            assert steps and seen['meters'] >= 2, f'no HTML view of the plain fit: {sorted(steps)}, {seen}'
+            assert 'step 800 of 800' in cell(page, PLAIN).locator(output('Fit finished')).first.inner_text()
+
+            # ---- 3. display='html' in the background, stopped from another cell ----
+            run_cell(page, BACKGROUND)
+            end = time.time() + 120
+            while (running_steps(page, BACKGROUND) or 0) < 100:
+                assert time.time() < end, 'the background fit showed no HTML dashboard'
+                page.wait_for_timeout(100)
+            live = cell(page, BACKGROUND).locator(output('Fit running')).first
+            assert 'learn.controls.pause()' in live.inner_text()  # says how to steer it without widgets
+            cell(page, BACKGROUND).screenshot(path=str(ARTIFACTS / 'html-display.png'))
+            run_cell(page, STOP)
+            stopped = cell(page, BACKGROUND).locator(output('Fit stopped'))
+            stopped.first.wait_for(timeout=120_000)
+            assert 'stopped from another cell' in stopped.first.inner_text()
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / 'html-failure.png'))
+            raise
+        finally:
+            browser.close()
