@@ -240,6 +240,36 @@ def test_a_background_fit_is_shown_again_by_learn_dashboard_and_both_views_get_t
         km.shutdown_kernel(now=True)
 
 
+def test_the_html_dashboard_of_a_background_fit_is_shown_again_and_both_views_get_the_summary():
+    "display='html': one plain output refreshed in place; learn.dashboard() adds another; stopped from code, both end as the summary."
+    km, kc = start_new_kernel(kernel_name='python3')
+    try:
+        execute(kc, SETUP)
+        execute(kc, "learn = Learner(SlowLinear(8, 2), dl, dl, lr=0.1, display='html')")
+        first = kc.execute('task = learn.fit_async(100)')
+        shown = [m for m in iopub_until_idle(kc, first) if m['msg_type'] == 'display_data']
+        assert shown and 'Fit running' in shown[0]['content']['data']['text/html']
+        assert not any('application/vnd.jupyter.widget-view+json' in m['content']['data'] for m in shown)
+        again = kc.execute('learn.dashboard()')
+        attached = [m for m in iopub_until_idle(kc, again) if m['msg_type'] == 'display_data']
+        assert 'Fit running' in attached[0]['content']['data']['text/html']
+        ids = {shown[0]['content']['transient']['display_id'], attached[0]['content']['transient']['display_id']}
+        running, updates, deadline = set(), {}, time.time() + 120
+        while len(running) < 2:  # both outputs are refreshed while it trains
+            msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.time()))
+            if msg['msg_type'] == 'update_display_data' and 'Fit running' in msg['content']['data'].get('text/html', ''):
+                running.add(msg['content']['transient']['display_id'])
+        assert running == ids
+        execute(kc, "learn.controls.stop('stopped from another cell')")
+        while set(updates) != ids:  # live refreshes may still come first: only the summaries count
+            msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.time()))
+            updates.update({i: html for i, html in summaries([msg]).items() if 'Fit running' not in html})
+        assert all('Fit stopped at step' in html and 'stopped from another cell' in html for html in updates.values())
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
 @pytest.mark.parametrize('name', ['16_control', '17_dashboard'])
 def test_control_and_dashboard_notebooks_in_a_real_kernel(name, tmp_path):
     "nbdev-test runs these without a kernel; here the dashboard is displayed for real and fit_async meets ipykernel's loop."
