@@ -226,7 +226,7 @@ def test_a_background_fit_is_shown_again_by_learn_dashboard_and_both_views_get_t
         attached = [m for m in iopub_until_idle(kc, again) if m['msg_type'] == 'display_data']
         assert attached[0]['content']['data']['application/vnd.jupyter.widget-view+json']['model_id'] == view
         ids = {shown[0]['content']['transient']['display_id'], attached[0]['content']['transient']['display_id']}
-        execute(kc, "learn.controls.stop('stopped from another cell')")
+        kc.execute("learn.controls.stop('stopped from another cell')")  # its output is not waited for: nothing skipped
         updates, deadline = {}, time.time() + 120
         while set(updates) != ids:  # the summary replaces both displays, whatever cell is current
             msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.time()))
@@ -260,7 +260,7 @@ def test_the_html_dashboard_of_a_background_fit_is_shown_again_and_both_views_ge
             if msg['msg_type'] == 'update_display_data' and 'Fit running' in msg['content']['data'].get('text/html', ''):
                 running.add(msg['content']['transient']['display_id'])
         assert running == ids
-        execute(kc, "learn.controls.stop('stopped from another cell')")
+        kc.execute("learn.controls.stop('stopped from another cell')")  # its output is not waited for: nothing skipped
         while set(updates) != ids:  # live refreshes may still come first: only the summaries count
             msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.time()))
             updates.update({i: html for i, html in summaries([msg]).items() if 'Fit running' not in html})
