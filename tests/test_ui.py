@@ -28,19 +28,28 @@ ARTIFACTS = ROOT / 'test-artifacts' / 'ui'
 ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
         '--disable-background-networking', '--disable-component-update', '--disable-sync']
 
-CELLS = [
-    '''import os, time, torch, torch.nn as nn
+def slow_mlp(seconds):
+    "A browser test notebook's first lines: torch, `SlowMLP` (a small model slowed to `seconds` a batch), data x, y."
+    return f'''import time, torch, torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
-from nbtrainer import Callback, Controls, Learner
 
 class SlowMLP(nn.Module):
-    "A small model slowed to about 25 ms a batch: a fit long enough to watch and click."
+    "A small model slowed to {seconds} s a batch: a fit long enough to watch and click."
     def __init__(self):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
     def forward(self, x):
-        time.sleep(0.025)
+        time.sleep({seconds})
         return self.net(x)
+
+torch.manual_seed(0)
+x = torch.randn(640, 8); y = (x[:, 0] > 0).long()
+'''
+
+
+CELLS = [
+    slow_mlp(0.025) + '''import os
+from nbtrainer import Callback, Controls, Learner
 
 class NoteEnd(Callback):
     def after_fit(self): ended.append((self.learn.step, time.time()))
@@ -50,8 +59,6 @@ class Boom(Callback):
         if self.learn.training and self.learn.step == self.learn.fit_start[1] + 3: raise RuntimeError('boom')
 
 ended = []
-torch.manual_seed(0)
-x = torch.randn(640, 8); y = (x[:, 0] > 0).long()
 dl = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
 small = DataLoader(TensorDataset(x[:64], y[:64]), batch_size=16)
 controls = Controls(save_dir='ckpt')

@@ -16,23 +16,10 @@ import re, subprocess, time
 import nbformat
 
 from conftest import BIN
-from test_ui import ARGS, ARTIFACTS, CHROMIUM, cell, lab_server, open_notebook, output, run_cell
+from test_ui import ARGS, ARTIFACTS, CHROMIUM, cell, lab_server, open_notebook, output, run_cell, slow_mlp
 
 CELLS = [
-    '''import time, torch, torch.nn as nn
-from torch.utils.data import DataLoader, TensorDataset
-from nbtrainer import Learner
-
-class SlowMLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
-    def forward(self, x):
-        time.sleep(0.02)
-        return self.net(x)
-
-torch.manual_seed(0)
-x = torch.randn(640, 8); y = (x[:, 0] > 0).long()
+    slow_mlp(0.02) + '''from nbtrainer import Learner
 train, valid = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True), DataLoader(TensorDataset(x[:64], y[:64]), batch_size=32)
 learn = Learner(SlowMLP(), train, valid, lr=0.05)''',
     'await learn.fit_async(steps=400, eval_every=40)  # about 10 s',

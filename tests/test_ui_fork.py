@@ -12,24 +12,12 @@ import json, re, time
 
 import nbformat
 
-from test_ui import ARGS, ARTIFACTS, CHROMIUM, cell, open_notebook, output, run_cell, status_text, wait_for_status
+from test_ui import (ARGS, ARTIFACTS, CHROMIUM, cell, open_notebook, output, run_cell, slow_mlp, status_text,
+                     wait_for_status)
 from test_ui import lab  # noqa: F401  (the JupyterLab fixture)
 
 CELLS = [
-    '''import time, torch, torch.nn as nn
-from torch.utils.data import DataLoader, TensorDataset
-from nbtrainer import Controls, Learner, Tracker, runs
-
-class SlowMLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
-    def forward(self, x):
-        time.sleep(0.02)
-        return self.net(x)
-
-torch.manual_seed(0)
-x = torch.randn(640, 8); y = (x[:, 0] > 0).long()
+    slow_mlp(0.02) + '''from nbtrainer import Controls, Learner, Tracker, runs
 learn = Learner(SlowMLP(), DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True),
                 DataLoader(TensorDataset(x[:64], y[:64]), batch_size=32), lr=0.05, fork_points=4,
                 cbs=[Controls(), Tracker('runs.db')])''',

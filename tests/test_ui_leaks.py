@@ -16,25 +16,12 @@ import time
 
 import nbformat
 
-from test_ui import ARGS, ARTIFACTS, CHROMIUM, cell, open_notebook, output, run_cell, wait_for_status
+from test_ui import ARGS, ARTIFACTS, CHROMIUM, cell, open_notebook, output, run_cell, slow_mlp, wait_for_status
 from test_ui import lab as lab_fixture  # noqa: F401  (pytest finds it by name below)
 
 lab = lab_fixture
 
-SETUP = '''import time, torch, torch.nn as nn
-from torch.utils.data import DataLoader, TensorDataset
-from nbtrainer import Controls, Learner
-
-class SlowMLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
-    def forward(self, x):
-        time.sleep(0.01)
-        return self.net(x)
-
-torch.manual_seed(0)
-x = torch.randn(640, 8); y = (x[:, 0] > 0).long()
+SETUP = slow_mlp(0.01) + '''from nbtrainer import Controls, Learner
 dl = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
 small = DataLoader(TensorDataset(x[:64], y[:64]), batch_size=16)
 learn = Learner(SlowMLP(), dl, small, lr=0.05, cbs=[Controls(save_dir='ckpt')])'''

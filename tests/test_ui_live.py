@@ -13,22 +13,13 @@ import re, time
 import nbformat
 import pytest
 
-from test_ui import ARGS, ARTIFACTS, CHROMIUM, cell, open_notebook, output, run_cell, status_text, wait_for_status
+from test_ui import (ARGS, ARTIFACTS, CHROMIUM, cell, open_notebook, output, run_cell, slow_mlp, status_text,
+                     wait_for_status)
 from test_ui import lab  # noqa: F401  (the JupyterLab fixture)
 
 CELLS = [
-    '''import time, torch, torch.nn as nn
-from torch.utils.data import DataLoader, TensorDataset
-from nbtrainer import Controls, Learner
+    slow_mlp(0.02) + '''from nbtrainer import Controls, Learner
 from nbtrainer.liveplot import LivePlot
-
-class SlowMLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
-    def forward(self, x):
-        time.sleep(0.02)
-        return self.net(x)
 
 frames = []  # (step, paused, final) of every frame the live figure draws
 _render = LivePlot.render
@@ -37,8 +28,6 @@ def render(self, final=False):
     frames.append((self.learn.step, controls.paused, final))
 LivePlot.render = render
 
-torch.manual_seed(0)
-x = torch.randn(640, 8); y = (x[:, 0] > 0).long()
 controls = Controls()
 learn = Learner(SlowMLP(), DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True),
                 DataLoader(TensorDataset(x[:64], y[:64]), batch_size=32), lr=0.05, cbs=[controls])''',
