@@ -10,7 +10,7 @@ Needs valgrind (apt-get install valgrind). Takes a few minutes.
     python bench/instructions.py [--short 20] [--long 120] [--modes hand learner logging train_metrics tracker]
 
 """
-import argparse, os, re, subprocess, sys, tempfile
+import argparse, os, re, shutil, subprocess, sys, tempfile
 
 
 def child(mode, steps):
@@ -42,7 +42,9 @@ def count(mode, steps):
     "Instructions executed by a child process running `mode` for `steps` steps."
     env = dict(os.environ, OPENBLAS_NUM_THREADS='1', OMP_NUM_THREADS='1', PYTHONHASHSEED='0')  # idle BLAS threads spin, and set orders vary: noise
     with tempfile.TemporaryDirectory() as tmp:
-        run = subprocess.run(['valgrind', '--tool=callgrind', f'--callgrind-out-file={tmp}/out', sys.executable,
+        # without address randomization (setarch -R) the counts repeat from run to run: hashes of addresses, malloc
+        fixed = ['setarch', os.uname().machine, '-R'] if shutil.which('setarch') else []
+        run = subprocess.run([*fixed, 'valgrind', '--tool=callgrind', f'--callgrind-out-file={tmp}/out', sys.executable,
                               __file__, '--child', mode, str(steps)], capture_output=True, text=True, env=env)
         found = re.search(r'Collected : (\d+)', run.stderr)
         if run.returncode or not found: sys.exit(f'callgrind failed for {mode}:\n{run.stderr[-2000:]}')

@@ -164,43 +164,64 @@ def read_checkpoint(path, map_location='cpu'):
 def _read_rows(file, start, count):
     return np.fromfile(file, dtype=np.float64, count=count * ROW_WIDTH, offset=start * ROW_BYTES).reshape(-1, ROW_WIDTH)
 
-_side_crcs = {}  # side file -> (rows, CRC-32 of them): appending extends the CRC instead of reading the file again
+_side_crcs = {}  # side file -> (rows, CRC-32 of them) this process wrote or loaded: a save extends it, reading nothing
+def _key(file): return os.path.abspath(file)
+
+def _agreed_rows(recorder, file, have, n):
+    "How many rows the side file and the Recorder share: the file's, or those this process last wrote or loaded."
+    for rows in (min(have, n), _side_crcs.get(_key(file), (0,))[0]):
+        if 0 < rows <= min(have, n) and np.array_equal(_read_rows(file, rows - 1, 1), recorder.batch_rows(rows - 1, rows)):
+            return rows  # the last row both hold agrees: the rows before it are this run's
+    return 0
 
 def _append_batch_rows(recorder, file):
-    "Bring the append-only side file up to the Recorder's rows; returns what a checkpoint records of them."
+    """Bring the append-only side file up to the Recorder's rows; returns what a checkpoint records of them. Rows the
+    Recorder no longer holds (a future a resume abandoned, another run's) are cut from a copy put in the file's place:
+    a process that mapped the file keeps reading what it mapped."""
     n = len(recorder.batches['loss'])
     have = file.stat().st_size // ROW_BYTES if file.exists() else 0
-    check = min(have, n)  # the last row both hold must agree, or the file holds another run's rows: rewrite it
-    if check and not np.array_equal(_read_rows(file, check - 1, 1), recorder.batch_rows(check - 1, check)): check = 0
-    known = _side_crcs.get(file)
-    if known is not None and known[0] == check: crc = known[1]
-    else: crc = zlib.crc32(_read_rows(file, 0, check)) if check else 0
-    new = recorder.batch_rows(check, n)
-    with open(file, 'r+b' if file.exists() else 'wb') as f:
-        f.truncate(check * ROW_BYTES)  # rows past n belong to a future a resume abandoned
+    keep = _agreed_rows(recorder, file, have, n)
+    known = _side_crcs.get(_key(file))
+    crc = known[1] if known is not None and known[0] == keep else zlib.crc32(_read_rows(file, 0, keep)) if keep else 0
+    new = recorder.batch_rows(keep, n)
+    target = file if keep == have else file.with_name(f'.{file.name}.tmp')
+    if target != file and keep: shutil.copyfile(file, target)
+    with open(target, 'r+b' if target.exists() else 'wb') as f:
+        f.truncate(keep * ROW_BYTES)
         f.seek(0, os.SEEK_END)
         new.tofile(f)
         f.flush()
         os.fsync(f.fileno())
+    if target != file: os.replace(target, file)
     crc = zlib.crc32(np.ascontiguousarray(new), crc)
-    _side_crcs[file] = (n, crc)
+    _side_crcs[_key(file)] = (n, crc)
     return {'file': file.name, 'rows': n, 'crc32': crc, 'last': recorder.batch_rows(n - 1, n)[0].tolist() if n else []}
 
 def _batch_rows(state, path):
-    "The per-batch rows a checkpoint holds, or refers to in its side file; None with a warning if the side file lost them."
+    """The per-batch rows a checkpoint holds, or refers to in its side file, and a check of them to run before they are
+    first read (None: checked already). Side-file rows are mapped, not read: a load takes the same time at any step.
+    Its size and last row are checked here, their CRC-32 by the check; a side file that lost them warns and gives none."""
     rows = state.get('batches')
-    if rows is None: return None
-    if 'file' not in rows: return rows['rows'].numpy()
+    if rows is None: return None, None
+    if 'file' not in rows: return rows['rows'].numpy(), None
     file = Path(path).parent / rows['file']  # beside the checkpoint: the folder may have been copied or moved
-    found = _read_rows(file, 0, rows['rows']) if file.exists() else np.zeros((0, ROW_WIDTH))
-    intact = len(found) == rows['rows'] and (not rows['rows'] or found[-1].tolist() == rows['last'])
-    if intact and 'crc32' in rows: intact = zlib.crc32(found) == rows['crc32']
-    if intact: return found
-    step = state.get('progress', {}).get('step', state.get('step'))
-    warnings.warn(f'the per-batch history of {path} ({rows["rows"]} rows in {file}) is missing or damaged: the weights, '
-                  f'optimizer, evaluation history and position load as saved, but the per-batch losses before step {step} '
-                  'are gone (plots and logs of them start at this step)', stacklevel=4)
-    return np.zeros((0, ROW_WIDTH))
+    count, step = rows['rows'], state.get('progress', {}).get('step', state.get('step'))
+    def damaged():
+        warnings.warn(f'the per-batch history of {path} ({count} rows in {file}) is missing or damaged: the weights, '
+                      f'optimizer, evaluation history and position load as saved, but the per-batch losses before step '
+                      f'{step} are gone (plots and logs of them start at this step)', stacklevel=2)
+        return False
+    have = file.stat().st_size // ROW_BYTES if file.exists() else 0
+    if have < count or (count and _read_rows(file, count - 1, 1)[0].tolist() != rows['last']):
+        damaged()
+        return np.zeros((0, ROW_WIDTH)), None
+    if not count or 'crc32' not in rows: return _read_rows(file, 0, count), None  # an early format 3: no CRC
+    mapped = np.memmap(file, dtype=np.float64, mode='r', shape=(count, ROW_WIDTH))
+    def verify():
+        "The rows' CRC-32, as saved: read once, the first time the rows are."
+        return zlib.crc32(mapped) == rows['crc32'] or damaged()
+    _side_crcs[_key(file)] = (count, rows['crc32'])  # a save from here on appends to them, reading nothing
+    return mapped, verify
 
 # %% ../nbs/08_checkpoint.ipynb #963cf29f
 @patch_to(Learner)
@@ -320,7 +341,7 @@ def load_training_state(learn, state, path, check_data=True, allow_changes=None,
                 and fingerprint != {k: v for k, v in ours.items() if k != 'examples'}):
             _check_data(learn, {'data': fingerprint}, path)
     _check_run_config(learn, state, path, allow_changes, lr_given, strict)
-    rows = _batch_rows(state, path)  # everything that can fail is checked before anything changes
+    rows, verify = _batch_rows(state, path)  # everything that can fail is checked before anything changes
     _load_tensors(learn, state, path)
     learn.lr = state['lr']
     by_rank = state.get('pass_by_rank')
@@ -330,7 +351,7 @@ def load_training_state(learn, state, path, check_data=True, allow_changes=None,
     for key, cb_state in state['callbacks'].items():
         cb = keys.get(key)
         if cb is not None and (learn.main_process or not getattr(cb, 'main_process_only', False)): cb.load_state_dict(cb_state)
-    if rows is not None: learn.recorder.restore_batches(rows)
+    if rows is not None: learn.recorder.restore_batches(rows, verify)
     if not learn.main_process: learn.recorder.clear_since_row()  # under DDP the saved sums are every rank's: rank 0 holds them
     return state
 
@@ -417,7 +438,8 @@ def plain_checkpoint(folder, path):
     folder, path = Path(folder), Path(path)
     state = read_checkpoint(folder)
     if not state.get('sharded'): raise ValueError(f'{folder} is a plain checkpoint already: it needs no conversion')
-    rows = _batch_rows(state, folder)
+    rows, verify = _batch_rows(state, folder)
+    if verify is not None and not verify(): rows = np.zeros((0, ROW_WIDTH))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f'.{path.name}.whole.tmp')
     try:

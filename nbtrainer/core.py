@@ -369,7 +369,7 @@ class Learner:
 
     def batch_weights(self, batch):
         "Per-example weights of a batch (the `weight` or `mask` item of a dict batch), or None."
-        if not isinstance(batch, Mapping): return None
+        if isinstance(batch, (tuple, list)) or not isinstance(batch, Mapping): return None  # the ABC check is slower
         key = next((k for k in self.weight_keys if k in batch), None)
         return None if key is None else batch[key].float()
 
@@ -465,7 +465,7 @@ class Learner:
 
     def _step(self):
         "The optimizer step of a finished window, with its events, then `zero_grad`."
-        self.window.rescale(self.model.parameters())
+        self.window.rescale(self.model)
         with self._scopes['step']:
             self('before_step')
             if self.clip_grad_norm is not None:

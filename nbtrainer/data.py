@@ -36,7 +36,8 @@ def to_device(batch, device):
     if isinstance(batch, torch.Tensor):
         return batch if batch.device == device else batch.to(device, non_blocking=batch.is_pinned())
     if isinstance(batch, (list, tuple)):  # concrete types first: the ABC check below is slower
-        moved = [to_device(v, device) for v in batch]
+        # a tensor already on the device costs no call: the usual batch
+        moved = [v if isinstance(v, torch.Tensor) and v.device == device else to_device(v, device) for v in batch]
         return type(batch)(*moved) if hasattr(batch, '_fields') else type(batch)(moved)
     if isinstance(batch, Mapping): return {k: to_device(v, device) for k, v in batch.items()}
     return batch

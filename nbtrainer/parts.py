@@ -138,6 +138,9 @@ class Accumulation:
 
     def plan_batch(self, bs, i, n_batches, planned_examples):
         "Before training batch `i` of `bs` examples: does it end its window; at a window's start, the step's examples."
+        if self.n == 1:  # no accumulation: the batch is the step (the usual case, kept short)
+            self.step_examples = self.batch_examples = bs
+            return
         if self.left == 0:  # this batch starts a window
             n = self.n if n_batches is None else min(self.n, n_batches - i)
             self.left, self.index, self.size = n, 0, n
@@ -149,7 +152,9 @@ class Accumulation:
 
     def share(self, loss, bs):
         "The batch's share of the step's mean loss: what backward differentiates."
-        return loss if self.step_examples is bs else loss * (bs / self.step_examples)
+        step = self.step_examples
+        if step is bs or (type(step) in (int, float) and type(bs) in (int, float) and step == bs): return loss  # × 1
+        return loss * (bs / step)
 
     def add_backward(self):
         self.examples_seen = self.batch_examples if not self.backwards else self.examples_seen + self.batch_examples
@@ -157,14 +162,14 @@ class Accumulation:
 
     def step_due(self): return self.backwards > 0 and not self.accumulating
 
-    def rescale(self, params):
-        "When the examples that reached backward differ from the plan, make the gradients their mean."
+    def rescale(self, model):
+        "When the examples that reached backward differ from the plan, make `model`'s gradients their mean."
         planned, seen = self.step_examples, self.examples_seen
         if seen is planned: return
         if not (torch.is_tensor(planned) or torch.is_tensor(seen)):
             if abs(planned - seen) <= 1e-12 * abs(seen): return
         elif torch.is_tensor(seen): seen = seen.clamp(min=1e-12)  # all weights 0: the gradients are 0 anyway
-        grads = [p.grad for p in params if p.grad is not None]
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
         if grads: torch._foreach_mul_(grads, planned / seen)  # a device tensor when weighted: no sync
 
     def stepped(self): self.backwards = 0

@@ -8,7 +8,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/recorder.html.md"""
 __all__ = ['Column', 'RunColumn', 'smoothing_beta', 'smooth', 'Recorder', 'monitored_value', 'check_monitor', 'SkipNonFinite']
 
 # %% ../nbs/00d_recorder.ipynb #64391e35
-import array, bisect, contextlib, math, time
+import array, bisect, contextlib, json, math, time
 from collections.abc import Sequence
 
 import numpy as np
@@ -19,38 +19,59 @@ from .metrics import computed, metric_name, state_leaves
 
 # %% ../nbs/00d_recorder.ipynb #bab41fcf
 class Column(Sequence):
-    "A list-like column of numbers: an array of restored rows (a view, converted when read), then the rows appended since."
-    def __init__(self, restored=None, integer=False, typecode=None):
+    """A list-like column of numbers: the rows a checkpoint brought back (an array, or a map of its side file, converted
+    when read), then the rows appended since (a typed array, or a `RunColumn`)."""
+    def __init__(self, restored=None, integer=False, typecode=None, appended=None, check=None):
         self.restored, self.integer = (np.zeros(0) if restored is None else restored), integer
-        self.appended = array.array(typecode or ('q' if integer else 'd'))  # a typed value, not a Python object each
+        if appended is None: appended = array.array(typecode or ('q' if integer else 'd'))  # not a Python object each
+        self.appended, self.check = appended, check  # check: called once, before the restored rows are first read
 
     @property
-    def nbytes(self): return self.restored.nbytes + self.appended.itemsize * len(self.appended)
+    def nbytes(self):
+        "Bytes held in memory: restored rows mapped from a side file are on disk until read, and count 0."
+        held = 0 if isinstance(self.restored, np.memmap) else self.restored.nbytes
+        appended = self.appended
+        return held + (appended.nbytes if isinstance(appended, RunColumn) else appended.itemsize * len(appended))
+
+    def _head(self):
+        "The restored rows, after their check the first time they are read."
+        if self.check is not None:
+            check, self.check = self.check, None
+            check()  # it may drop them (a damaged side file): read self.restored after it
+        return self.restored
 
     def _values(self, array): return (array.astype(np.int64) if self.integer else array).tolist()
     def __len__(self): return len(self.restored) + len(self.appended)
     def append(self, value): self.appended.append(value)
-    def extend(self, values): self.appended.extend(values)
-    def tolist(self): return self._values(self.restored) + self.appended.tolist()
+    def extend(self, values):
+        if isinstance(values, np.ndarray) and isinstance(self.appended, array.array):  # an array's worth: one copy
+            self.appended.frombytes(values.astype(np.dtype(self.appended.typecode)).tobytes())
+        else: self.appended.extend(values)
+    def tolist(self): return self._values(self._head()) + self.appended.tolist()
     def __iter__(self): return iter(self.tolist())
     def __eq__(self, other): return isinstance(other, Sequence) and len(self) == len(other) and self.tolist() == list(other)
     def __repr__(self): return f'Column({self.tolist()!r})' if len(self) <= 10 else f'Column(<{len(self)} values>)'
 
     def __getitem__(self, i):
-        n = len(self.restored)
         if isinstance(i, slice):
             start, stop, step = i.indices(len(self))
             if step != 1: return self.tolist()[i]
+            n = len(self._head()) if start < len(self.restored) else len(self.restored)
             head = self._values(self.restored[start:min(stop, n)]) if start < n else []
-            return head + self.appended[max(start - n, 0):max(stop - n, 0)].tolist()
+            tail = self.appended[max(start - n, 0):max(stop - n, 0)]
+            return head + (tail if isinstance(tail, list) else tail.tolist())
         if i < 0: i += len(self)
+        n = len(self.restored)
         if not 0 <= i < n: return self.appended[i - n]
+        n = len(self._head())
+        if not 0 <= i < n: return self.appended[i - n]  # the check dropped the restored rows
         return int(self.restored[i]) if self.integer else self.restored[i].item()
 
     def truncate(self, n):
         "Keep the first `n` values."
         k = len(self.restored)
-        if n <= k: self.restored, self.appended = self.restored[:n], array.array(self.appended.typecode)
+        if n <= k: self.restored, n = self.restored[:n], k
+        if isinstance(self.appended, RunColumn): self.appended.truncate(n - k)
         else: del self.appended[n - k:]
 
 # %% ../nbs/00d_recorder.ipynb #5a7daa95
@@ -84,19 +105,25 @@ class RunColumn(Sequence):
         self.n += 1
 
     def extend(self, values):
+        "Append many values at once: the part that continues the last run is checked in one comparison, the rest split into runs."
         values = np.asarray(values, dtype=np.int64 if self.integer else np.float64).reshape(-1)
-        if not self.starts and len(values) > 256: return self._from_array(values)  # e.g. rows a checkpoint brought back
-        if self.starts and len(values):  # the usual chunk: all of it continues the last run, checked at once
-            start, first, period = self.starts[-1], self.firsts[-1], self.periods[-1]
-            index = np.arange(self.n, self.n + len(values))
-            expected = first + (index - start) // period if period else np.full(len(values), first)
-            if np.array_equal(values, expected):
-                self.n += len(values)
-                return
-        for v in values.tolist(): self.append(v)
+        while len(values):
+            if self.starts:
+                start, first, period = self.starts[-1], self.firsts[-1], self.periods[-1]
+                index = np.arange(self.n, self.n + len(values))
+                expected = first + (index - start) // period if period else np.full(len(values), first)
+                differs = np.flatnonzero(values != expected)
+                goes_on = len(values) if not len(differs) else int(differs[0])
+                self.n, values = self.n + goes_on, values[goes_on:]
+                if not len(values): return
+                if self.integer and period == 0 and values[0] == first + 1:  # may turn the run into one that grows
+                    self.append(int(values[0]))
+                    values = values[1:]
+                    continue
+            return self._add_runs(values)
 
-    def _from_array(self, values):
-        "Runs of a whole array at once (the column is empty): constant runs, then, for integers, those that step by 1."
+    def _add_runs(self, values):
+        "Append `values`, none continuing the last run, as runs: constant runs, then, for integers, those that grow by 1."
         starts = np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
         firsts, lengths, periods = values[starts], np.diff(np.r_[starts, len(values)]), np.zeros(len(starts), np.int64)
         if self.integer and len(starts) > 1:  # a run goes on while the next is one higher and as long as the ones before
@@ -104,10 +131,10 @@ class RunColumn(Sequence):
             keep = ~goes_on
             periods = np.where(np.r_[goes_on[1:], False], lengths, 0)[keep]
             starts, firsts = starts[keep], firsts[keep]
-        self.starts.extend(starts.tolist())
+        self.starts.extend((starts + self.n).tolist())
         self.firsts.extend(firsts.tolist())
         self.periods.extend(periods.tolist())
-        self.n = len(values)
+        self.n += len(values)
 
     def _run_values(self, r, lo, hi):
         "Values of run `r` at indices lo..hi-1, as a numpy array."
@@ -147,14 +174,21 @@ def smoothing_beta(n_steps, share=0.01, most=50, least=1):
     "β of a moving average whose window is `share` of a curve `n_steps` long, from `least` steps (1: β = 0, no smoothing) to `most`."
     return 1 - 1 / min(max(least, share * (n_steps or 0)), most)
 
-def smooth(values, beta, state=(0.0, 0.0)):
-    "Debiased exponential moving average of `values`, continued from `state` = (average, weight): (the smoothed values, the new state)."
-    average, weight, out = *state, []
+def smooth(values, beta, state=(0.0, 0.0), curve=True):
+    """Debiased exponential moving average of `values`, continued from `state` = (average, weight): (the smoothed values,
+    the new state); `curve=False` leaves the values out (an empty list): the state alone."""
+    average, weight, out, rest = *state, [], 1 - beta
     for v in values:
-        average = beta * average + (1 - beta) * v
-        weight = beta * weight + (1 - beta)  # the weights' sum: dividing by it debiases, even if β changed on the way
-        out.append(average / weight)
+        average = beta * average + rest * v
+        weight = beta * weight + rest  # the weights' sum: dividing by it debiases, even if β changed on the way
+        if curve: out.append(average / weight)
     return out, (average, weight)
+
+def _number(value):
+    "A history value that JSON does not know: a one-element tensor or numpy number, as its number."
+    if hasattr(value, 'item') and getattr(value, 'ndim', 0) == 0: return value.item()
+    raise TypeError(f'a history row holds {value!r} ({type(value).__name__}), which a checkpoint cannot store: '
+                    'rows hold numbers, strings and lists of them')
 
 class Recorder(Callback):
     "Keeps the loss of every training batch and one history row per evaluation, with no sync per step."
@@ -170,14 +204,14 @@ class Recorder(Callback):
         self.train_metrics = list(train_metrics)
         self.history, self.batches = [], {c: self._column(c) for c in self.columns}
         self._smooth = (0.0, 0.0)
+        self._verify = None  # the check of restored rows mapped from a side file, before they are first read
         self._queue, self.since_row = [], [0.0, 0]  # since_row: the training loss's sum and examples since the last row
         self.nonfinite = None  # under DDP, the non-finite loss error a rank found, until all ranks stop together
 
-    @staticmethod
-    def _column(name, values=()):
-        "The loss in float32 (as read from the device); epoch, batch, step and lr as runs."
-        if name == 'loss': return Column(np.asarray(values, dtype=np.float32), typecode='f')
-        return RunColumn(values, integer=name != 'lr')
+    def _column(self, name, restored=None):
+        "Rows appended as they come: the loss in float32 (as read from the device); epoch, batch, step and lr as runs."
+        appended = array.array('f') if name == 'loss' else RunColumn(integer=name != 'lr')
+        return Column(restored, integer=name in ('epoch', 'batch', 'step'), appended=appended, check=self._check_restored)
 
     def before_fit(self):
         self._start, self._held = time.perf_counter(), 0.0
@@ -204,25 +238,24 @@ class Recorder(Callback):
         "Read the queued losses to the host (one sync) and check them."
         if not self._queue: return
         queue, self._queue = self._queue, []
-        values = torch.stack([q[0] for q in queue]).float().tolist()
-        if any(torch.is_tensor(q[1]) for q in queue):  # weighted batches: their example counts are device tensors
-            sizes = torch.stack([torch.as_tensor(q[1], dtype=torch.float32, device=q[0].device) for q in queue]).tolist()
-            queue = [(q[0], n, *q[2:]) for q, n in zip(queue, sizes)]
-        bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
-        _, self._smooth = smooth(values[:bad], self.beta, self._smooth)
-        good, values_ok = queue[:bad], values[:bad]
+        losses, sizes, epochs, batches, steps, lrs = zip(*queue)  # columns
+        values = torch.stack(losses).float().tolist()
+        if any(map(torch.is_tensor, sizes)):  # weighted batches: their example counts are device tensors
+            device = losses[0].device
+            sizes = torch.stack([torch.as_tensor(n, dtype=torch.float32, device=device) for n in sizes]).tolist()
+        bad = None if np.isfinite(values).all() else next(i for i, v in enumerate(values) if not math.isfinite(v))
+        good = len(values) if bad is None else bad
+        _, self._smooth = smooth(values[:good], self.beta, self._smooth, curve=False)
         if good:  # whole columns at once: no per-batch Python work beyond the sum
             total, count = self.since_row
-            for value, q in zip(values_ok, good):
-                total += value * q[1]
-                count += q[1]
+            for value, n in zip(values[:good], sizes[:good]):
+                total += value * n
+                count += n
             self.since_row = [total, count]
-            _, _, epochs, batches, steps, lrs = zip(*good)
-            for column, values_of in zip(self.columns, (epochs, batches, steps, lrs, values_ok)):
-                self.batches[column].extend(values_of)
+            for column, values_of in zip(self.columns, (epochs, batches, steps, lrs, values)):
+                self.batches[column].extend(values_of[:good])
         if bad is not None:
-            _, _, epoch, _, step, _ = queue[bad]
-            error = NonFiniteLossError(f'the training loss became {values[bad]} at epoch {epoch}, step {step}: '
+            error = NonFiniteLossError(f'the training loss became {values[bad]} at epoch {epochs[bad]}, step {steps[bad]}: '
                                        'training stopped. Try a lower lr, check the inputs, or pass '
                                        'skip_nonfinite=True to skip such batches.')
             if not self.learn.distributed: raise error
@@ -259,12 +292,14 @@ class Recorder(Callback):
 
     def state_dict(self):
         self.flush()
-        return {'history': [dict(r) for r in self.history], 'n_batches': len(self.batches['loss']),
+        # JSON text: a checkpoint's weights-only unpickler takes ~20 µs a row of Python objects, one parse takes ~1
+        return {'history': json.dumps(self.history, default=_number), 'n_batches': len(self.batches['loss']),
                 'smooth': list(self._smooth), 'beta': self.beta, 'since_row': list(self.since_row),
                 'train_metrics': [[getattr(o, n) for o, n in state_leaves(m, saved=True)] for m in self.train_metrics]}
 
     def load_state_dict(self, state):
-        self.history = [dict(r) for r in state['history']]
+        history = state['history']  # JSON text, or (earlier checkpoints) the rows themselves
+        self.history = json.loads(history) if isinstance(history, str) else [dict(r) for r in history]
         for column in self.batches.values(): column.truncate(state['n_batches'])  # the rows are restored with `restore_batches`
         self._queue = []
         if 'smooth' in state: self._smooth, self.beta = tuple(state['smooth']), state['beta']
@@ -284,11 +319,21 @@ class Recorder(Callback):
         stop = len(self.batches['loss']) if stop is None else stop
         return np.array([self.batches[c][start:stop] for c in self.columns], dtype=np.float64).T.reshape(-1, len(self.columns))
 
-    def restore_batches(self, rows):
-        "Put back per-batch columns saved with `batch_rows`: a float64 array with one row per training batch."
-        self._queue = []
-        for i, c in enumerate(self.columns):  # views of the rows: nothing is copied or converted until it is read
-            self.batches[c] = self._column(c, rows[:, i])
+    def restore_batches(self, rows, verify=None):
+        """Put back per-batch columns saved with `batch_rows`: a float64 array with one row per training batch, or a
+        read-only map of a side file's rows (nothing is read until they are). `verify()`, if given, says whether the rows
+        are intact; it runs once, the first time they are read, and rows it finds damaged are dropped."""
+        self._queue, self._verify = [], verify
+        mapped = isinstance(rows, np.memmap)
+        for i, c in enumerate(self.columns):
+            self.batches[c] = self._column(c, rows[:, i] if mapped else None)  # a map: views, nothing read
+            if not mapped: self.batches[c].extend(rows[:, i])  # rows in memory: made compact (float32 loss, runs)
+
+    def _check_restored(self):
+        verify, self._verify = self._verify, None
+        if verify is None or verify(): return
+        for column in self.batches.values():
+            if isinstance(column, Column): column.restored = column.restored[:0]
 
     def to_csv(self, path):
         "Write `history` as a CSV file, one row per evaluation."
