@@ -228,10 +228,10 @@ def test_a_background_fit_is_shown_again_by_learn_dashboard_and_both_views_get_t
         ids = {shown[0]['content']['transient']['display_id'], attached[0]['content']['transient']['display_id']}
         kc.execute("learn.controls.stop('stopped from another cell')")  # its output is not waited for: nothing skipped
         updates, deadline = {}, time.time() + 120
-        while set(updates) != ids:  # the summary replaces both displays, whatever cell is current
+        while not ids <= set(updates):  # the summary replaces both displays, whatever cell is current
             msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.time()))
-            updates.update(summaries([msg]))
-        assert all('Fit stopped at step' in html and 'stopped from another cell' in html for html in updates.values())
+            updates.update(summaries([msg]))  # (the mid-fit snapshot's output below the first shows it for a moment)
+        assert all('Fit stopped at step' in updates[i] and 'stopped from another cell' in updates[i] for i in ids)
         deadline = time.time() + 60
         while not evaluate(kc, 'task.done()'): assert time.time() < deadline, 'the task never ended'  # it polls the thread
         assert evaluate(kc, '(ended == [learn.step], learn.fit_outcome, learn.controls)') == (True, 'stopped', None)
