@@ -132,6 +132,19 @@ def _close(widget):
         if part is not None: _close(part)
     widget.close()
 
+def _blank(widget):
+    """Empty what the views of a widget and its children show, its Python state unchanged: a widget view taken off the
+    page keeps the DOM it held (see `Dashboard._hide_then_replace`). Sent as the widget protocol's state update."""
+    import ipywidgets as W
+    for child in getattr(widget, 'children', ()): _blank(child)
+    state = {'description': ''} if getattr(widget, 'description', '') else {}
+    if isinstance(widget, (W.HTML, W.Label)): state['value'] = ''
+    if isinstance(widget, W.Button): state = {'icon': ''}  # its text stays: a button with neither is not redrawn
+    if widget.comm is None: return
+    if isinstance(widget, W.Image):  # bytes travel as a buffer
+        widget.comm.send({'method': 'update', 'state': state, 'buffer_paths': [['value']]}, buffers=[b''])
+    elif state: widget.comm.send({'method': 'update', 'state': state, 'buffer_paths': []})
+
 def _comm_handled_concurrently():
     "Is this comm message being handled while a cell awaits? ipykernel 7 then runs it beside the cell, with no status."
     frame = sys._getframe(1)
@@ -248,6 +261,7 @@ class Dashboard(Callback):
         carried = [W.HTML(''.join(html_ for html_, _ in self.ancestors))] if self.ancestors else []
         self.widget = W.VBox([*carried, style, self.bar_box, W.HBox(self.buttons), self.status, self.hint, view])
         self.widget.add_class('nbtrainer-dashboard')
+        self.widget.add_class(f'{self._key}-live')  # hidden when the summary takes its place
         if self.handles:  # a branch forked from this dashboard: it takes the parent's place in the same output
             for handle in self.handles: handle.update(widget_bundle(self.widget, _LIVE_TEXT), raw=True)
             if self.snapshot is not None: self.snapshot.update(self._snapshot(), raw=True)
@@ -480,14 +494,31 @@ class Dashboard(Callback):
                          daemon=True).start()
 
     def _end_views(self):
-        "Every view of the widget shows the summary, its controls gone; displayed outputs become the static summary."
-        if self.widgets:
+        """Every view of the widget gives way to the static summary, its controls gone: the displayed outputs become the
+        summary, and the widget holds it too, for a view the display handles cannot reach."""
+        if self.widgets and not self.html_view and self.handles and self.snapshot is not None: self._hide_then_replace()
+        else:
+            for handle in self.handles: handle.update(self.static, raw=True)
+        if self.widgets:  # after the outputs: where they replaced every view, no view is made of the summary
             import ipywidgets as W
             old = list(self.widget.children)
-            self.widget.children = [W.HTML(self.static['text/html'])]  # views the display handles cannot reach
+            self.widget.children = [W.HTML(self.static['text/html'])]
             for child in old: _close(child)  # closing frees the widgets' comms
-        for handle in list(self.handles): handle.update(self.static, raw=True)
-        if self.snapshot is not None: self.snapshot.update({'text/plain': ''}, raw=True)  # the summary replaces it
+        if self.snapshot is not None: self.snapshot.update({'text/plain': ''}, raw=True)  # the summary replaced it
+
+    def _hide_then_replace(self):
+        """Replace the live widget by the summary without leaving its views' DOM in the browser. ipywidgets' front end
+        never frees a widget view (each view's model holds it, and JupyterLab holds every comm's model): a view taken
+        off the page keeps the DOM it showed. So the summary first takes the widget's place, in the snapshot's output
+        just below it, in one change on the page (its stylesheet hides the widget); the hidden views are emptied; then
+        the widget's own output gets the summary and hides the snapshot's copy, again in one change."""
+        first, *others = self.handles  # the output above the snapshot, and views shown again by `show`
+        for handle in others: handle.update(self.static, raw=True)
+        end, html_ = f'{self._key}-end', self.static['text/html']
+        self.snapshot.update({**self.static, 'text/html': f'<style>.{self._key}-live{{display:none}}</style>'
+                                                          f'<div class="{end}">{html_}</div>'}, raw=True)
+        _blank(self.widget)
+        first.update({**self.static, 'text/html': f'<style>.{end}{{display:none}}</style>{html_}'}, raw=True)
 
     def _requests(self):
         "What the controls carried out during this fit, in one line."
