@@ -9,7 +9,7 @@ __all__ = ['FORMAT', 'ROW_WIDTH', 'ROW_BYTES', 'CONFIG_PARTS', 'STATE_FILE', 'pl
            'read_checkpoint', 'training_state', 'load_training_state', 'plain_checkpoint', 'Checkpointer']
 
 # %% ../nbs/08_checkpoint.ipynb #51cc03d5
-import fcntl, hashlib, math, os, shutil, socket, warnings, weakref, zipfile, zlib
+import fcntl, hashlib, math, os, shutil, socket, threading, warnings, weakref, zipfile, zlib
 from pathlib import Path
 
 import numpy as np
@@ -200,7 +200,7 @@ def _append_batch_rows(recorder, file):
 def _batch_rows(state, path):
     """The per-batch rows a checkpoint holds, or refers to in its side file, and a check of them to run before they are
     first read (None: checked already). Side-file rows are mapped, not read: a load takes the same time at any step.
-    Its size and last row are checked here, their CRC-32 by the check; a side file that lost them warns and gives none."""
+    Its size and last row are checked here, their CRC-32 in a thread; a side file that lost them warns and gives none."""
     rows = state.get('batches')
     if rows is None: return None, None
     if 'file' not in rows: return rows['rows'].numpy(), None
@@ -216,10 +216,13 @@ def _batch_rows(state, path):
         damaged()
         return np.zeros((0, ROW_WIDTH)), None
     if not count or 'crc32' not in rows: return _read_rows(file, 0, count), None  # an early format 3: no CRC
-    mapped = np.memmap(file, dtype=np.float64, mode='r', shape=(count, ROW_WIDTH))
+    mapped, found = np.memmap(file, dtype=np.float64, mode='r', shape=(count, ROW_WIDTH)), []
+    # their CRC-32 is computed beside the fit (zlib lets go of the GIL), and compared when the rows are first read
+    crc = threading.Thread(target=lambda: found.append(zlib.crc32(mapped)), name='nbtrainer-side-file-crc', daemon=True)
+    crc.start()
     def verify():
-        "The rows' CRC-32, as saved: read once, the first time the rows are."
-        return zlib.crc32(mapped) == rows['crc32'] or damaged()
+        crc.join()
+        return found == [rows['crc32']] or damaged()
     _side_crcs[_key(file)] = (count, rows['crc32'])  # a save from here on appends to them, reading nothing
     return mapped, verify
 
