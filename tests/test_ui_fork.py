@@ -22,7 +22,9 @@ learn = Learner(SlowMLP(), DataLoader(TensorDataset(x, y), batch_size=16, shuffl
                 DataLoader(TensorDataset(x[:64], y[:64]), batch_size=32), lr=0.05, fork_points=4,
                 cbs=[Controls(), Tracker('runs.db')])''',
     'await learn.fit_async(steps=4000, eval_every=10)  # paused, then forked from its dashboard',
-    "parent_run = learn.progress.parent\n"
+    "parent_run, waited = learn.progress.parent, time.time()\n"
+    "while not any(r['step'] > parent_run['step'] for r in learn.recorder.history) and time.time() < waited + 60:\n"
+    "    time.sleep(0.1)  # the branch trains in the background: its first evaluation row\n"
     "print('BRANCH-STATE', json.dumps({'parent': parent_run, 'fitting': learn.fitting, 'step': learn.step, "
     "'lrs': sorted({r['lr'] for r in learn.recorder.history if r['step'] > parent_run['step']}), "
     "'parent_drawn': learn.cbs[[type(c).__name__ for c in learn.cbs].index('Dashboard')].plot.parent_curves is not None, "
@@ -36,7 +38,7 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
     from playwright.sync_api import sync_playwright
     port, folder = lab
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
-    nb.cells[0].source = 'import json\n' + nb.cells[0].source
+    nb.cells[0].source = 'import json, time\n' + nb.cells[0].source
     nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}
     nbformat.write(nb, folder / 'fork.ipynb')
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
