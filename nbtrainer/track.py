@@ -18,6 +18,7 @@ import torch
 
 from .callback import Callback, Order
 from .distributed import world_size
+from .loggers import loss_windows
 from .metrics import metric_name
 from .plotting import show_figures_inline
 from .recorder import check_monitor, monitored_value
@@ -606,18 +607,6 @@ def main(argv=None):
     if any(r.parent for r in found): print('\nforks:\n' + found.tree())
 
 # %% ../nbs/18_track.ipynb #bdb1c2cb
-def _loss_windows(batches, start, every, final):
-    "[(step, mean loss, lr)] for each whole window of `every` optimizer steps in the Recorder's `batches` from index `start` (the partial last one too when `final`), and the index after them."
-    steps, out, end = batches['step'], [], len(batches['step'])
-    while start < end:
-        stop = start
-        while stop < end and steps[stop] // every == steps[start] // every: stop += 1
-        if stop == end and not final: break  # the window may still grow
-        losses, last = batches['loss'][start:stop], stop - 1
-        out.append((steps[last] + 1, sum(losses) / len(losses), batches['lr'][last]))  # at the steps done once it is taken
-        start = stop
-    return out, start
-
 _MLFLOW_STATUS = {'finished': 'FINISHED', 'stopped': 'FINISHED', 'preempted': 'KILLED', 'interrupted': 'KILLED', 'failed': 'FAILED'}
 
 class MLflowLogger(Callback):
@@ -687,7 +676,7 @@ class MLflowLogger(Callback):
     def _write_windows(self, final=False):
         recorder = self.learn.recorder
         recorder.flush()
-        windows, self._logged = _loss_windows(recorder.batches, self._logged, self.log_every, final)
+        windows, self._logged = loss_windows(recorder.batches, self._logged, self.log_every, final)
         self._log([('loss', loss, step) for step, loss, _ in windows] + [('lr', lr, step) for step, _, lr in windows])
 
     def after_eval(self):
