@@ -454,7 +454,7 @@ def plain_checkpoint(folder, path):
     state['model'], state['sharded'] = tensors['model'], False
     state['optimizer'] = {'state': {position[n]: s for n, s in tensors['optimizer']['state'].items()},
                           'param_groups': [{**g, 'params': [position[n] for n in g['params']]} for g in groups]}
-    state['batches'] = None if rows is None else {'rows': torch.from_numpy(np.ascontiguousarray(rows))}  # no side file
+    state['batches'] = None if rows is None else {'rows': torch.from_numpy(np.array(rows))}  # no side file: a copy
     _atomic_save(state, path)
     return path
 
