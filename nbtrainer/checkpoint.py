@@ -170,7 +170,8 @@ def _key(file): return os.path.abspath(file)
 def _agreed_rows(recorder, file, have, n):
     "How many rows the side file and the Recorder share: the file's, or those this process last wrote or loaded."
     for rows in (min(have, n), _side_crcs.get(_key(file), (0,))[0]):
-        if 0 < rows <= min(have, n) and np.array_equal(_read_rows(file, rows - 1, 1), recorder.batch_rows(rows - 1, rows)):
+        if 0 < rows <= min(have, n) and np.array_equal(_read_rows(file, rows - 1, 1),
+                                                       recorder.batch_rows(rows - 1, rows)):
             return rows  # the last row both hold agrees: the rows before it are this run's
     return 0
 
@@ -200,7 +201,7 @@ def _append_batch_rows(recorder, file):
 def _batch_rows(state, path):
     """The per-batch rows a checkpoint holds, or refers to in its side file, and a check of them to run before they are
     first read (None: checked already). Side-file rows are mapped, not read: a load takes the same time at any step.
-    Its size and last row are checked here, their CRC-32 in a thread; a side file that lost them warns and gives none."""
+    Its size and last row are checked here, their CRC-32 in a thread; a side file that lost them warns, gives none."""
     rows = state.get('batches')
     if rows is None: return None, None
     if 'file' not in rows: return rows['rows'].numpy(), None

@@ -112,7 +112,8 @@ class CSVLogger(Callback):
 # %% ../nbs/06_loggers.ipynb #a6d2f24e
 def loss_windows(batches, start, every, final=False):
     """[(step, mean loss, lr)] for each whole window of `every` optimizer steps in a Recorder's `batches` from index
-    `start` (the partial last one too when `final`), each at the steps done once it is taken; and the index after them."""
+    `start` (the partial last one too when `final`), each at the steps done once it is taken; and the index after
+    them."""
     end = len(batches['step'])
     steps, losses, lrs = (batches[c][start:end] for c in ('step', 'loss', 'lr'))  # lists: each column read once
     points, first = [], 0

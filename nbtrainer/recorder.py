@@ -105,7 +105,7 @@ class RunColumn(Sequence):
         self.n += 1
 
     def extend(self, values):
-        "Append many values at once: the part that continues the last run is checked in one comparison, the rest split into runs."
+        "Append many values: what continues the last run is checked in one comparison, the rest split into runs."
         values = np.asarray(values, dtype=np.int64 if self.integer else np.float64).reshape(-1)
         while len(values):
             if self.starts:
@@ -123,7 +123,7 @@ class RunColumn(Sequence):
             return self._add_runs(values)
 
     def _add_runs(self, values):
-        "Append `values`, none continuing the last run, as runs: constant runs, then, for integers, those that grow by 1."
+        "Append `values` (none continues the last run) as runs: constant ones, then, for integers, ones growing by 1."
         starts = np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
         firsts, lengths, periods = values[starts], np.diff(np.r_[starts, len(values)]), np.zeros(len(starts), np.int64)
         if self.integer and len(starts) > 1:  # a run goes on while the next is one higher and as long as the ones before
@@ -175,8 +175,8 @@ def smoothing_beta(n_steps, share=0.01, most=50, least=1):
     return 1 - 1 / min(max(least, share * (n_steps or 0)), most)
 
 def smooth(values, beta, state=(0.0, 0.0), curve=True):
-    """Debiased exponential moving average of `values`, continued from `state` = (average, weight): (the smoothed values,
-    the new state); `curve=False` leaves the values out (an empty list): the state alone."""
+    """Debiased exponential moving average of `values`, continued from `state` = (average, weight): (the smoothed
+    values, the new state); `curve=False` leaves the values out (an empty list): the state alone."""
     average, weight, out, rest = *state, [], 1 - beta
     for v in values:
         average = beta * average + rest * v
@@ -211,7 +211,8 @@ class Recorder(Callback):
     def _column(self, name, restored=None):
         "Rows appended as they come: the loss in float32 (as read from the device); epoch, batch, step and lr as runs."
         appended = array.array('f') if name == 'loss' else RunColumn(integer=name != 'lr')
-        return Column(restored, integer=name in ('epoch', 'batch', 'step'), appended=appended, check=self._check_restored)
+        integer = name in ('epoch', 'batch', 'step')
+        return Column(restored, integer=integer, appended=appended, check=self._check_restored)
 
     def before_fit(self):
         self._start, self._held = time.perf_counter(), 0.0
@@ -255,9 +256,9 @@ class Recorder(Callback):
             for column, values_of in zip(self.columns, (epochs, batches, steps, lrs, values)):
                 self.batches[column].extend(values_of[:good])
         if bad is not None:
-            error = NonFiniteLossError(f'the training loss became {values[bad]} at epoch {epochs[bad]}, step {steps[bad]}: '
-                                       'training stopped. Try a lower lr, check the inputs, or pass '
-                                       'skip_nonfinite=True to skip such batches.')
+            error = NonFiniteLossError(f'the training loss became {values[bad]} at epoch {epochs[bad]}, '
+                                       f'step {steps[bad]}: training stopped. Try a lower lr, check the inputs, '
+                                       'or pass skip_nonfinite=True to skip such batches.')
             if not self.learn.distributed: raise error
             self.nonfinite = self.nonfinite or error  # distributed: every rank raises it at the same batch
 
@@ -321,8 +322,8 @@ class Recorder(Callback):
 
     def restore_batches(self, rows, verify=None):
         """Put back per-batch columns saved with `batch_rows`: a float64 array with one row per training batch, or a
-        read-only map of a side file's rows (nothing is read until they are). `verify()`, if given, says whether the rows
-        are intact; it runs once, the first time they are read, and rows it finds damaged are dropped."""
+        read-only map of a side file's rows (nothing is read until they are). `verify()`, if given, says whether the
+        rows are intact; it runs once, the first time they are read, and rows it finds damaged are dropped."""
         self._queue, self._verify = [], verify
         mapped = isinstance(rows, np.memmap)
         for i, c in enumerate(self.columns):
