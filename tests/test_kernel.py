@@ -127,6 +127,17 @@ def iopub_until_idle(kc, msg_id, timeout=120):
         if msg['msg_type'] == 'status' and msg['content']['execution_state'] == 'idle': return found
 
 
+def start_background_fit(kc, learner_args):
+    """In a fresh kernel: the setup, a Learner made with `learner_args`, and `task = learn.fit_async(100)` not awaited;
+    returns the fit cell's iopub messages (the cell ends while the fit trains)."""
+    execute(kc, SETUP)
+    execute(kc, f'learn = Learner(SlowLinear(8, 2), dl, dl, lr=0.1, {learner_args})')
+    first = kc.execute('task = learn.fit_async(100)')
+    messages = iopub_until_idle(kc, first)
+    assert shell_reply(kc, first)['content']['status'] == 'ok'
+    return messages
+
+
 def summaries(messages):
     """The HTML every updated display ends with, by display id: the static summaries the dashboard put in place of its
     displays (the mid-fit snapshot's output, below the first, shows the summary for a moment, then ends empty)."""
@@ -165,11 +176,8 @@ def test_the_interrupt_button_ends_a_background_fit_and_is_harmless_with_none():
     "An idle ipykernel ignores SIGINT: nbtrainer makes it end the fit trained in the background, cleanly."
     km, kc = start_new_kernel(kernel_name='python3')
     try:
-        execute(kc, SETUP)
-        execute(kc, 'learn = Learner(SlowLinear(8, 2), dl, dl, lr=0.1, cbs=[NoteEnd()])')
-        first = kc.execute('task = learn.fit_async(100)')
-        iopub_until_idle(kc, first)
-        assert shell_reply(kc, first)['content']['status'] == 'ok' and evaluate(kc, 'learn.fitting')
+        start_background_fit(kc, 'cbs=[NoteEnd()]')
+        assert evaluate(kc, 'learn.fitting')
         km.interrupt_kernel()  # the kernel is idle: no cell runs
         deadline = time.time() + 60
         while not evaluate(kc, 'task.done()'): assert time.time() < deadline, 'the interrupt did not end the fit'
@@ -215,11 +223,7 @@ def test_a_background_fit_is_shown_again_by_learn_dashboard_and_both_views_get_t
     "Not awaited, fit_async returns at once; learn.dashboard() in another cell shows the same live widget; both end as the summary."
     km, kc = start_new_kernel(kernel_name='python3')
     try:
-        execute(kc, SETUP)
-        execute(kc, 'learn = Learner(SlowLinear(8, 2), dl, dl, lr=0.1, cbs=[NoteEnd()])')
-        first = kc.execute('task = learn.fit_async(100)')
-        launch = iopub_until_idle(kc, first)  # the cell ends while the fit trains, its dashboard shown
-        assert shell_reply(kc, first)['content']['status'] == 'ok'
+        launch = start_background_fit(kc, 'cbs=[NoteEnd()]')  # the cell has ended, its dashboard shown
         assert evaluate(kc, 'learn.fitting and not task.done()')
         shown = [m for m in launch if m['msg_type'] == 'display_data']
         view = shown[0]['content']['data']['application/vnd.jupyter.widget-view+json']['model_id']
@@ -246,10 +250,7 @@ def test_the_html_dashboard_of_a_background_fit_is_shown_again_and_both_views_ge
     "display='html': one plain output refreshed in place; learn.dashboard() adds another; stopped from code, both end as the summary."
     km, kc = start_new_kernel(kernel_name='python3')
     try:
-        execute(kc, SETUP)
-        execute(kc, "learn = Learner(SlowLinear(8, 2), dl, dl, lr=0.1, display='html')")
-        first = kc.execute('task = learn.fit_async(100)')
-        shown = [m for m in iopub_until_idle(kc, first) if m['msg_type'] == 'display_data']
+        shown = [m for m in start_background_fit(kc, "display='html'") if m['msg_type'] == 'display_data']
         assert shown and 'Fit running' in shown[0]['content']['data']['text/html']
         assert not any('application/vnd.jupyter.widget-view+json' in m['content']['data'] for m in shown)
         again = kc.execute('learn.dashboard()')
