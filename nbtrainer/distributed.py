@@ -291,14 +291,10 @@ class DistributedTrainer(SingleProcess, Callback):
         return everyone
     def request_stop(self): self.stop_requested = True  # read at the next check, from any thread
 
-    @property
-    def agree_every(self): return self.check_every
-
-    def any_rank(self, flag):
-        "True on every rank if `flag` is True on any: one all-reduce and one read, so callers ask every `agree_every` steps."
-        flags = torch.tensor([bool(flag)], dtype=torch.int32, device=self.learn.device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        return bool(flags.item())
+    def agreed_signal(self, received):
+        "The signal every rank acts on: None until a periodic check finds one on a rank, then the same on every rank."
+        if received: self._signal_seen = received  # carried by the next check: no collective of its own
+        return self._signal_agreed
 
     def before_save(self, learn):
         "Before a checkpoint, on every rank: the model every rank holds, and rank 0 holding the global sums since the last row."
@@ -360,6 +356,7 @@ class DistributedTrainer(SingleProcess, Callback):
     # ---- events ----
     def before_fit(self):
         self.stop_requested, self.learn.recorder.nonfinite, self._since_check = False, None, 0
+        self._signal_seen, self._signal_agreed = 0, None  # a preemption signal: received here, and known to all
         self._unsynced = False  # gradients accumulated under no_sync that no synced backward has averaged yet
         self._compare_first_batch = not isinstance(getattr(self.learn.train_dl, 'sampler', None), DistributedSampler)
 
@@ -405,16 +402,18 @@ class DistributedTrainer(SingleProcess, Callback):
     def after_train(self): self._check_stop()
 
     def _check_stop(self):
-        "Every rank learns whether any rank asked to stop or saw a non-finite loss: one tiny all-reduce."
+        "Every rank learns whether any rank asked to stop, saw a non-finite loss or got a signal: one tiny all-reduce."
         learn, self._since_check = self.learn, 0
         learn.recorder.flush()  # its NaN check: the host read happens now anyway
-        flags = torch.tensor([self.stop_requested, learn.recorder.nonfinite is not None], dtype=torch.int32, device=learn.device)
+        flags = torch.tensor([self.stop_requested, learn.recorder.nonfinite is not None, self._signal_seen],
+                             dtype=torch.int32, device=learn.device)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        stop, nonfinite = flags.tolist()  # the host read: once per check_every batches
+        stop, nonfinite, signum = flags.tolist()  # the host read: once per check_every batches
         if nonfinite:
             raise learn.recorder.nonfinite or NonFiniteLossError(
                 'the training loss became non-finite on another rank: training stopped on every rank.')
-        if stop: raise CancelFitException()
+        if signum: self._signal_agreed = signum  # Preemption saves and stops at the next step boundary
+        elif stop: raise CancelFitException()
 
 # %% ../nbs/15_distributed.ipynb #d4a75ff5
 Learner.distributed_factory = lambda sync_bn: DistributedTrainer(sync_bn=sync_bn)  # what the Learner adds under DDP

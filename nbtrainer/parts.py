@@ -182,7 +182,6 @@ class Accumulation:
 class SingleProcess:
     "One process: rank 0 of 1, and every collective a no-op, so calling code never asks whether it is distributed."
     distributed, rank, world, main_process = False, 0, 1, True
-    agree_every = 1  # any_rank's cost: every step here; DDP asks every `check_every` steps (a collective and a read)
 
     sharded = False  # FSDP: each rank holds a shard of the weights, and checkpoints are folders of shards
     def prepare(self, model, device, train_dl, precision=None): return model, train_dl  # DDP wraps, shards the loader
@@ -195,7 +194,7 @@ class SingleProcess:
     def broadcast_object(self, obj): return obj
     def gather_object(self, obj): return [obj]  # DDP: every rank's, in rank order, on every rank
     def request_stop(self): raise CancelFitException()  # DDP: every rank stops at the same batch, soon
-    def any_rank(self, flag): return bool(flag)  # DDP: True on every rank if it is True on one
+    def agreed_signal(self, received): return received  # DDP: a signal any rank received, once every rank knows it
     def rewrap(self, model): return model  # DDP: a new wrapper when the trainable parameters change (its buckets)
     def state_dict(self): return {'world': self.world}
     def load_state_dict(self, state): pass

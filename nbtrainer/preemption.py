@@ -33,11 +33,12 @@ class Preemption(Callback):
     def after_batch(self):
         learn = self.learn
         if self.received is None and learn.strategy.world == 1: return  # the common case: one test per batch
-        if learn.accumulating or learn.step % learn.strategy.agree_every: return  # between windows; DDP: agreed steps
-        if not learn.strategy.any_rank(self.received is not None): return
+        signum = learn.strategy.agreed_signal(self.received)  # DDP: the same on every rank, from its periodic check
+        if signum is None or learn.accumulating: return  # a step boundary: the window's micro-batches are in
         for cb in learn.cbs:
             if getattr(cb, 'keeps_checkpoints', False): cb.save_step()
-        name = signal.Signals(self.received).name if self.received is not None else 'a signal on another rank'
+        name = signal.Signals(signum).name + ('' if self.received else ' on another rank')
+        self.received = signum  # what this process exits with
         raise PreemptedException(f'preempted by {name} at step {learn.step}')
 
     def after_fit(self):

@@ -329,6 +329,37 @@ def test_a_stop_on_rank_0_ends_every_rank_at_the_same_batch():
     assert launch(train_until_stopped, nprocs=2) == [16, 16]  # requested at step 5, seen at the next check (every 16)
 
 
+def preempted_on_rank_1():
+    from nbtrainer import Preemption
+    class SignalOnRank1(Callback):  # what the OS does when only rank 1's machine is being taken back
+        def after_step(self):
+            if rank() == 1 and self.learn.step == 5:
+                next(cb for cb in self.learn.cbs if isinstance(cb, Preemption))._handle(signal.SIGUSR1, None)
+    learn = Learner(make_model(), loader(dataset(200)), metrics=(), progress=False, preemption=False,
+                    cbs=[Preemption(exit=False), SignalOnRank1()])
+    learn.fit(3)
+    return gather((learn.fit_outcome, learn.step, str(learn.fit_exception)))
+
+
+def test_a_signal_on_one_rank_preempts_every_rank_at_the_same_step():
+    assert launch(preempted_on_rank_1, nprocs=2) == [
+        ('preempted', 16, 'preempted by SIGUSR1 on another rank at step 16'),  # carried by the check every 16 batches
+        ('preempted', 16, 'preempted by SIGUSR1 at step 16')]
+
+
+def all_reduces_per_fit(preemption):
+    calls, real = [], dist.all_reduce
+    dist.all_reduce = lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs)
+    Learner(make_model(), loader(dataset(200)), metrics=(), progress=False, preemption=preemption).fit(2)
+    dist.all_reduce = real
+    return gather(len(calls))
+
+
+def test_preemption_adds_no_collective_of_its_own():
+    with_it, without = launch(all_reduces_per_fit, nprocs=2, args=(True,)), launch(all_reduces_per_fit, nprocs=2, args=(False,))
+    assert with_it == without and with_it[0] > 0  # its signal rides on the strategy's periodic check
+
+
 def train_into_nan():
     x, y = dataset(200).tensors
     if rank() == 1: x[60:] = float('nan')  # only rank 1's data goes bad, late in its shard
