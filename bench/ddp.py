@@ -13,10 +13,12 @@ Rows, each the median of `--rounds` rounds in rotating order, `--steps` optimize
 - a hand-written DDP loop (no nbtrainer), 2 x 64: what nbtrainer adds on top of DDP itself.
 
 Throughput is examples per second summed over the ranks; efficiency is throughput / (N x one process's).
+Then the Learner against the hand-written loop in the same two processes, segments in turn (`--pairs` of them): each
+pair's ratio cancels the drift between launches, which on a shared machine is larger than what is measured.
 
-    python bench/ddp.py [--rounds 3] [--steps 300]
+    python bench/ddp.py [--rounds 3] [--steps 300] [--pairs 8]
 """
-import argparse, statistics, time
+import argparse, itertools, statistics, time
 
 import torch
 import torch.distributed as dist
@@ -69,7 +71,11 @@ def hand_written_run(batch, warmup, steps):
     sampler = DistributedSampler(ds, shuffle=True)
     model = nn.parallel.DistributedDataParallel(make_model())
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    it = iter(DataLoader(ds, batch_size=batch, sampler=sampler))
+    def epochs():  # a new shuffle each epoch, as the Learner's
+        for epoch in itertools.count():
+            sampler.set_epoch(epoch)
+            yield from DataLoader(ds, batch_size=batch, sampler=sampler)
+    it = epochs()
     for i in range(warmup + steps):
         if i == warmup:
             dist.barrier()
@@ -82,7 +88,17 @@ def hand_written_run(batch, warmup, steps):
     return batch * world_size() * steps / (time.perf_counter() - start)
 
 
-def main(rounds, steps, warmup=20):
+def paired_run(batch, warmup, steps, pairs):
+    "Learner / hand-written loop throughput, each pair's two segments run in turn in the same processes (order alternating)."
+    ratios = []
+    for p in range(pairs):
+        runs = (learner_run, hand_written_run) if p % 2 else (hand_written_run, learner_run)
+        speed = {run: run(batch, warmup, steps) for run in runs}  # examples per second
+        ratios.append(speed[learner_run] / speed[hand_written_run])
+    return ratios
+
+
+def main(rounds, steps, pairs, warmup=20):
     runs = {'1 process, batch 64': lambda: launch(learner_run, nprocs=1, args=(64, warmup, steps)),
             '2 processes, batch 64 each (global 128)': lambda: launch(learner_run, nprocs=2, args=(64, warmup, steps)),
             '2 processes, batch 32 each (global 64)': lambda: launch(learner_run, nprocs=2, args=(32, warmup, steps)),
@@ -101,11 +117,19 @@ def main(rounds, steps, warmup=20):
         procs = 1 if name.startswith('1 ') else 2
         print(f'{name:42s} {thr:11.0f} {thr / base:8.2f}x {thr / base / procs:10.0%}   '
               f"({', '.join(f'{v:.0f}' for v in results[name])})")
+    learner, hand = (statistics.median(results[n]) for n in (names[1], names[3]))
+    print(f'Learner / hand-written DDP loop, 2 x 64, medians of separate launches: {learner / hand:.3f}x')
+    if not pairs: return
+    ratios = launch(paired_run, nprocs=2, args=(64, warmup, steps, pairs))
+    print(f'Learner / hand-written DDP loop, 2 x 64, {pairs} pairs in the same processes: median '
+          f'{statistics.median(ratios):.3f}x (range {min(ratios):.3f}-{max(ratios):.3f}; '
+          f"{', '.join(f'{r:.3f}' for r in ratios)})")
 
 
 if __name__ == '__main__':
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--rounds', type=int, default=3)
     parser.add_argument('--steps', type=int, default=300)
+    parser.add_argument('--pairs', type=int, default=8)
     args = parser.parse_args()
-    main(args.rounds, args.steps)
+    main(args.rounds, args.steps, args.pairs)

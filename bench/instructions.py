@@ -7,10 +7,13 @@ every step is ~100x slower, so they would refresh ~100x more often than in real 
 them). For the same reason the Tracker's heartbeat (every 10 s of wall time) is off; bench/track.py times a beat.
 Needs valgrind (apt-get install valgrind). Takes a few minutes.
 
-    python bench/instructions.py [--short 20] [--long 120] [--modes hand learner logging train_metrics tracker]
+    python bench/instructions.py [--short 20] [--long 120] [--modes hand learner logging train_metrics tracker] [--jobs 2]
+
+Counts do not depend on the machine's load, so `--jobs` runs that many valgrind processes at once.
 
 """
 import argparse, os, re, shutil, subprocess, sys, tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 
 def child(mode, steps):
@@ -57,13 +60,17 @@ def main():
     parser.add_argument('--long', type=int, default=120)
     modes = ['hand', 'learner', 'logging', 'train_metrics', 'tracker']
     parser.add_argument('--modes', nargs='+', default=modes, choices=modes)
+    parser.add_argument('--jobs', type=int, default=1, help='valgrind processes at once')
     parser.add_argument('--child', nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child: return child(args.child[0], int(args.child[1]))
     per_step = {}
-    for mode in args.modes:
-        per_step[mode] = (count(mode, args.long) - count(mode, args.short)) / (args.long - args.short)
-        print(f'  {mode:<8} {per_step[mode] / 1e6:8.3f} M instructions per step (validation included)', flush=True)
+    with ThreadPoolExecutor(args.jobs) as pool:  # each count is a valgrind process: threads only wait for them
+        counts = {(mode, n): pool.submit(count, mode, n) for mode in args.modes for n in (args.short, args.long)}
+        for mode in args.modes:
+            extra = counts[mode, args.long].result() - counts[mode, args.short].result()
+            per_step[mode] = extra / (args.long - args.short)
+            print(f'  {mode:<8} {per_step[mode] / 1e6:8.3f} M instructions per step (validation included)', flush=True)
     ratios = (('learner', 'hand', 'learn.fit / hand-written'),
               ('logging', 'hand', 'with CSV + TensorBoard + checkpoint / hand-written'),
               ('train_metrics', 'hand', 'with train_metrics=("accuracy",) / hand-written'),

@@ -172,10 +172,9 @@ class Learner:
         self._fit_lock, self._fit_thread, self._forward_names = threading.Lock(), None, (None, None)
         self._check_next, self._collect, self._prefix = False, None, ''
         self.tokens = None  # per-example token counts of the batch under way, when the loss is a mean over tokens
-        self._scopes = {name: _Scope(self, name, cancel) for name, cancel in
+        self._scopes = {name: _Scope(self, name, cancel) for name, cancel in  # batch, backward, step: in _one_batch
                         (('fit', CancelFitException), ('epoch', CancelEpochException), ('train', CancelTrainException),
-                         ('validate', CancelValidateException), ('batch', CancelBatchException),
-                         ('backward', CancelBackwardException), ('step', CancelStepException))}
+                         ('validate', CancelValidateException))}
         self.cbs, self._tables = [], dispatch_tables([])
         self._events = self._tables[False]
         self.recorder = Recorder(train_metrics=self._make_metrics(train_metrics, prefix='train_'))
@@ -381,8 +380,9 @@ class Learner:
     def get_loss(self):
         "The batch's mean loss, in `learn.loss`: the model's own if its output carries one, else `loss_func`'s (weighted)."
         out = self.model_output
-        if out is not self.pred and (loss := out.get('loss') if isinstance(out, Mapping) else getattr(out, 'loss', None)) is not None:
-            self.loss = loss
+        if out is self.pred and self.weights is None and self.yb is not None and self.loss_func is not None:
+            self.loss = self.loss_func(self.pred, self.yb)  # the usual case, tested first
+        elif out is not self.pred and (loss := self._own_loss(out)) is not None: self.loss = loss  # the model's own
         elif self.weights is not None:  # padding: the weighted mean of per-example losses, no sync
             losses = example_losses(self.loss_func, self.pred, self.yb)
             if self.tokens is not None: losses = losses * self.yb[0].numel()  # each example's sum over its tokens
@@ -397,6 +397,9 @@ class Learner:
                 if not self._check_next: raise
                 raise ValueError(self._no_target_message(self.batch)) from e
 
+    @staticmethod
+    def _own_loss(out): return out.get('loss') if isinstance(out, Mapping) else getattr(out, 'loss', None)
+
     def backward(self):
         "Backpropagate `learn.loss_grad` (through the fp16 loss scaler when there is one)."
         self.precision.scale(self.loss_grad).backward()
@@ -408,8 +411,8 @@ class Learner:
     def zero_grad(self): self.opt.zero_grad()
 
     # ---- the loop ----
-    def _one_batch(self, batch):
-        "One batch through its events: forward and loss; in training, backward and, when its window ends, the step."
+    def _read_batch(self, batch):
+        "The batch on the device, split into `xb`, `yb`, `weights`, `tokens` and `bs` (what the loss averages over)."
         self.batch = to_device(batch, self.device)
         self.xb, self.yb = self.split_batch(self.batch)
         self.weights = self.strategy.mask_padding(self, self.batch_weights(self.batch))
@@ -418,27 +421,46 @@ class Learner:
         if self.tokens is not None: self.bs = (self.tokens if self.weights is None else self.tokens * self.weights).sum()
         elif self.weights is not None: self.bs = self.weights.sum()
         else: self.bs = batch_size(self.yb if self.yb is not None else self.xb)
-        window = self.window
-        if self.training:
-            data = self.data_pass
-            window.plan_batch(self.bs, self.iter, data.n_batches, self._planned_examples)
-            self.strategy.count_examples(self)
-        with self._scopes['batch']:
+
+    def _plain_batches(self):
+        "Are batches read by the Learner's own methods, so `_one_batch` may read a plain pair without calling them?"
+        own = ('split_batch', 'batch_weights', 'target_tokens')
+        return all(getattr(type(self), m) is getattr(Learner, m) for m in own) and not vars(self).keys() & set(own)
+
+    def _one_batch(self, batch):
+        "One batch through its events: forward and loss; in training, backward and, when its window ends, the step."
+        x, y = batch if self._read_pairs and type(batch) in (tuple, list) and len(batch) == 2 else (None, None)
+        if type(x) is torch.Tensor and type(y) is torch.Tensor and y.ndim == 1 and x.device == y.device == self.device:
+            # (inputs, labels) on the device, the usual batch: what _read_batch makes of it, without its ten calls
+            self.batch, self.xb, self.yb, self.tokens = batch, (x,), y, None
+            self.weights = weights = self.strategy.mask_padding(self, None) if self.strategy.distributed else None
+            self.bs = y.shape[0] if weights is None else weights.sum()
+        else: self._read_batch(batch)
+        window, training = self.window, self.training  # below, an event no callback hears costs no call
+        if training:
+            window.plan_batch(self.bs, self.iter, self.data_pass.n_batches, self._planned_examples)
+            if self.strategy.distributed: self.strategy.count_examples(self)
+        try:  # the batch's scope: after_cancel_batch when a CancelBatchException ends it, then after_batch
             try:
-                self('before_batch')
+                if self._events['before_batch']: self('before_batch')
                 if self.precision.dtype is None: self._forward()
                 else:
                     with self.precision.autocast(): self._forward()
-                if not self.training: return self._update_metrics()
-                self.loss_grad = window.share(self.loss, self.bs)  # callbacks may rescale it in before_backward
-                with self._scopes['backward']:
-                    self('before_backward')
-                    self.backward()
-                    window.add_backward()
+                if not training: self._update_metrics()
+                else:
+                    self.loss_grad = window.share(self.loss, self.bs)  # callbacks may rescale it in before_backward
+                    try:
+                        if self._events['before_backward']: self('before_backward')
+                        self.backward()
+                        window.add_backward()
+                    except CancelBackwardException: self('after_cancel_backward')
+                    if self._events['after_backward']: self('after_backward')
             except CancelBatchException:  # the window's other micro-batches still step, before after_batch
-                if self.training and window.step_due(): self._step()
+                if training and window.step_due(): self._step()
                 raise
-            if window.step_due(): self._step()
+            if training and window.step_due(): self._step()
+        except CancelBatchException: self('after_cancel_batch')
+        if self._events['after_batch']: self('after_batch')  # the table a callback changed in this batch
 
     def _forward(self):
         "The forward pass and the loss, with their events (under the precision's autocast)."
@@ -450,10 +472,11 @@ class Learner:
             self._check_labels()
             if not self._model_loss(): self._check_regression_shapes()  # before the loss broadcasts them
             self._check_metrics()
-        self('after_pred')
+        events = self._events
+        if events['after_pred']: self('after_pred')
         self.get_loss()
         if self._check_next: self._check_loss()
-        self('after_loss')
+        if events['after_loss']: self('after_loss')
 
     def _planned_examples(self, n):
         "Examples in the `n` micro-batches from this one on: exact for an ordinary loader, else an estimate the step corrects."
@@ -466,13 +489,16 @@ class Learner:
     def _step(self):
         "The optimizer step of a finished window, with its events, then `zero_grad`."
         self.window.rescale(self.model)
-        with self._scopes['step']:
-            self('before_step')
+        events = self._events
+        try:  # the step's scope, as the batch's
+            if events['before_step']: self('before_step')
             if self.clip_grad_norm is not None:
                 self.precision.unscale(self.opt)  # fp16: clip the true gradients
                 self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
             self.opt_step()
             self.progress.step += 1
+        except CancelStepException: self('after_cancel_step')
+        if events['after_step']: self('after_step')
         self.precision.end_step()
         self.zero_grad()
         self.window.stepped()
@@ -488,6 +514,7 @@ class Learner:
         self.dl, data, progress = self.train_dl, self.data_pass, self.progress
         self.model.train()
         self._check_next = True
+        self._read_pairs = self._plain_batches()
         self._drop_window()
         end = progress.train_end_step()
         if data.resume_at or not progress.steps_per_epoch: data.end()  # an epoch is a pass of its own
@@ -496,7 +523,7 @@ class Learner:
             for self.iter, batch in data.batches:
                 data.batches_done = self.iter + 1  # taken from the loader, as a checkpoint in after_batch must know
                 self._one_batch(batch)
-                if progress.eval_due(): self._evaluate()
+                if progress.eval_every and progress.eval_due(): self._evaluate()  # by default, at the epoch's end
                 if progress.step >= end: break
             else:  # the pass ran out
                 if data.batches_done == 0: raise ValueError('train_dl yielded no batches: the training loader is empty')
@@ -628,6 +655,7 @@ class Learner:
                 self('before_validate')
                 self.dl = self.strategy.eval_loader(self, self.dl)
                 self._check_next, self.iter = True, -1
+                self._read_pairs = self._plain_batches()
                 for self.iter, batch in enumerate(self.dl if self.dl is not None else ()): self._one_batch(batch)
                 if self.dl is not None and self.iter < 0:
                     raise ValueError('the validation loader yielded no batches: pass a non-empty valid_dl (or dl=), '
@@ -649,7 +677,7 @@ class Learner:
         return self.metric_values
 
     def _update_metrics(self):
-        self.valid_loss.update(self.loss.detach(), self.bs)
+        self.valid_loss.update(self.loss, self.bs)  # it detaches
         self.update_metrics(self.metrics)
         if self._collect is not None:
             keep = slice(None) if self.weights is None else self.weights != 0  # padding is not a prediction

@@ -120,18 +120,18 @@ class Mean(Metric):
         self.name, self.track_nonfinite = name, track_nonfinite
         super().__init__()
 
-    def reset(self): self.total, self.weight, self.updates, self.first_bad = None, 0, 0, None
+    def reset(self): self.total, self.weight, self.updates, self.finite_updates = None, 0, 0, 0
 
-    def _note_nonfinite(self, value):
-        "With `track_nonfinite`: the index of the first update whose value is NaN or inf, kept on the device."
-        if self.first_bad is None: self.first_bad = torch.full((), -1, device=self.total.device)
-        bad = ~torch.isfinite(value) & (self.first_bad < 0)
-        self.first_bad = torch.where(bad, self.updates, self.first_bad)
+    def _note_nonfinite(self):
+        "With `track_nonfinite`: count, on the device, the updates after which the sum is still finite."
+        self.finite_updates = self.finite_updates + (self.total * 0 == 0)  # inf * 0 and nan * 0 are nan
         self.updates += 1
 
     def first_nonfinite(self):
-        "The index of the first update whose value was NaN or inf (a host read), or None."
-        return None if self.first_bad is None or int(self.first_bad) < 0 else int(self.first_bad)
+        "The index of the first update that made the sum NaN or inf (a host read), or None."
+        # a nan or inf stays in a sum, so the updates it stayed finite through are the index of the first bad one
+        finite = int(self.finite_updates)
+        return None if finite == self.updates else finite
 
     def _init_total(self, device):
         if self.total is None:  # created lazily, on the device of the first value
@@ -144,16 +144,16 @@ class Mean(Metric):
 
     def update(self, value, weight=1):
         self._init_total(value.device if torch.is_tensor(value) else "cpu")
-        if not torch.is_tensor(value): value = torch.tensor(value, device=self.total.device)
-        if self.track_nonfinite: self._note_nonfinite(value.detach())
+        value = value.detach() if torch.is_tensor(value) else torch.tensor(value, device=self.total.device)
         if torch.is_tensor(weight):  # a 0-d device tensor: summed on the device
             if weight.ndim != 0: raise ValueError(f"Mean's weight must be a number or a 0-d tensor, got shape {tuple(weight.shape)}")
             weight = weight.detach().to(device=self.total.device, dtype=self.total.dtype)
-            value = value.detach().to(self.total.dtype)
+            value = value.to(self.total.dtype)
             self._add(torch.where(weight != 0, value * weight, 0), weight)  # weight 0: nothing, even from a nan mean
         else:
-            self.total.add_(value.detach(), alpha=weight)  # one kernel: promotes to the sum's dtype
+            self.total.add_(value, alpha=weight)  # one kernel: promotes to the sum's dtype
             self.weight += weight
+        if self.track_nonfinite: self._note_nonfinite()
 
     def compute(self):
         if self.total is None: return math.nan

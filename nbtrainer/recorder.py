@@ -8,7 +8,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/recorder.html.md"""
 __all__ = ['Column', 'RunColumn', 'smoothing_beta', 'smooth', 'Recorder', 'monitored_value', 'check_monitor', 'SkipNonFinite']
 
 # %% ../nbs/00d_recorder.ipynb #64391e35
-import array, bisect, contextlib, json, math, time
+import array, bisect, contextlib, functools, json, math, operator, time
 from collections.abc import Sequence
 
 import numpy as np
@@ -231,7 +231,7 @@ class Recorder(Callback):
         progress = learn.progress
         self._queue.append((learn.loss.detach(), learn.bs, progress.epoch, learn.iter, progress.step, learn.opt.param_groups[-1]['lr']))
         if len(self._queue) >= self.flush_every: self.flush()
-        learn.update_metrics(self.train_metrics)  # on the device, like validation metrics: no sync
+        if self.train_metrics: learn.update_metrics(self.train_metrics)  # on the device, as in validation: no sync
 
     def after_train(self): self.flush()
 
@@ -248,11 +248,9 @@ class Recorder(Callback):
         good = len(values) if bad is None else bad
         _, self._smooth = smooth(values[:good], self.beta, self._smooth, curve=False)
         if good:  # whole columns at once: no per-batch Python work beyond the sum
-            total, count = self.since_row
-            for value, n in zip(values[:good], sizes[:good]):
-                total += value * n
-                count += n
-            self.since_row = [total, count]
+            total, count = self.since_row  # summed in C, in a loop's order and rounding (sum() compensates from 3.12)
+            total = functools.reduce(operator.add, map(operator.mul, values[:good], sizes[:good]), total)
+            self.since_row = [total, functools.reduce(operator.add, sizes[:good], count)]
             for column, values_of in zip(self.columns, (epochs, batches, steps, lrs, values)):
                 self.batches[column].extend(values_of[:good])
         if bad is not None:
