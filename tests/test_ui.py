@@ -264,7 +264,7 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             lap(controls_text.strip())
             actions, saved = controls_text.split('LRS')[0].split(' 0.01 ')
             assert "['lr', 'lr', 'lr', 'pause', 'lr', 'save', 'resume', 'save', 'stop']" in actions
-            lrs = page.locator(output('LRS')).inner_text().split('LRS')[1]
+            lrs = controls_text.split('LRS')[1]  # one output; has-text ignores case: lr_find may warn of 'lrs'
             assert json.loads(lrs) == [0.05, 0.04, 0.03, 0.02, 0.01], lrs  # each LR typed trained steps, in order
             assert f'manual-step{held}.pt' in saved and saved.count('manual-step') == 2
 
