@@ -8,6 +8,10 @@ them). For the same reason the Tracker's heartbeat (every 10 s of wall time) is 
 Needs valgrind (apt-get install valgrind). Takes a few minutes.
 
     python bench/instructions.py [--short 20] [--long 120] [--modes hand learner logging train_metrics tracker] [--jobs 2]
+    python bench/instructions.py --modes ddp_hand ddp_learner --short 10 --long 60
+
+The DDP modes run bench/ddp.py's two loops in two ranks (gloo, fork) and count both ranks' instructions: the work each
+step costs, which bench/ddp.py's timings cannot resolve to a few percent on a shared machine.
 
 Counts do not depend on the machine's load, so `--jobs` runs that many valgrind processes at once.
 
@@ -20,8 +24,11 @@ def child(mode, steps):
     import torch
     sys.path.insert(0, os.path.dirname(__file__))
     import overhead as ov
-    from nbtrainer import Learner
+    from nbtrainer import Learner, launch
     torch.set_num_threads(1)
+    if mode.startswith('ddp'):  # bench/ddp.py's loops in 2 ranks (gloo): the instructions of both ranks are counted
+        import ddp
+        return launch(ddp.learner_run if mode == 'ddp_learner' else ddp.hand_written_run, nprocs=2, args=(64, 5, steps))
     train, valid = ov.make_batches(steps), ov.make_batches(max(1, steps // 5), seed=1)
     model = ov.make_model()
     if mode == 'hand':
@@ -42,24 +49,26 @@ def child(mode, steps):
 
 
 def count(mode, steps):
-    "Instructions executed by a child process running `mode` for `steps` steps."
+    "Instructions executed by a child process running `mode` for `steps` steps (by its ranks, for a DDP mode)."
     env = dict(os.environ, OPENBLAS_NUM_THREADS='1', OMP_NUM_THREADS='1', PYTHONHASHSEED='0')  # idle BLAS threads spin, and set orders vary: noise
     with tempfile.TemporaryDirectory() as tmp:
         # without address randomization (setarch -R) the counts repeat from run to run: hashes of addresses, malloc
         fixed = ['setarch', os.uname().machine, '-R'] if shutil.which('setarch') else []
-        run = subprocess.run([*fixed, 'valgrind', '--tool=callgrind', f'--callgrind-out-file={tmp}/out', sys.executable,
+        run = subprocess.run([*fixed, 'valgrind', '--tool=callgrind', f'--callgrind-out-file={tmp}/out.%p', sys.executable,
                               __file__, '--child', mode, str(steps)], capture_output=True, text=True, env=env)
-        found = re.search(r'Collected : (\d+)', run.stderr)
+        found = re.findall(r'==(\d+)== Collected : (\d+)', run.stderr)  # one per process: the forked ranks too
         if run.returncode or not found: sys.exit(f'callgrind failed for {mode}:\n{run.stderr[-2000:]}')
-        return int(found.group(1))
+        main_pid = re.search(r'==(\d+)==', run.stderr).group(1)  # the first to speak
+        if not mode.startswith('ddp'): return next(int(n) for pid, n in found if pid == main_pid)
+        return sum(int(n) for pid, n in found if pid != main_pid)  # the ranks, not the launcher's polling
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--short', type=int, default=20)
     parser.add_argument('--long', type=int, default=120)
-    modes = ['hand', 'learner', 'logging', 'train_metrics', 'tracker']
-    parser.add_argument('--modes', nargs='+', default=modes, choices=modes)
+    modes = ['hand', 'learner', 'logging', 'train_metrics', 'tracker', 'ddp_hand', 'ddp_learner']
+    parser.add_argument('--modes', nargs='+', default=modes[:5], choices=modes)  # DDP: asked for by name
     parser.add_argument('--jobs', type=int, default=1, help='valgrind processes at once')
     parser.add_argument('--child', nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -70,11 +79,13 @@ def main():
         for mode in args.modes:
             extra = counts[mode, args.long].result() - counts[mode, args.short].result()
             per_step[mode] = extra / (args.long - args.short)
-            print(f'  {mode:<8} {per_step[mode] / 1e6:8.3f} M instructions per step (validation included)', flush=True)
+            what = 'both ranks' if mode.startswith('ddp') else 'validation included'
+            print(f'  {mode:<8} {per_step[mode] / 1e6:8.3f} M instructions per step ({what})', flush=True)
     ratios = (('learner', 'hand', 'learn.fit / hand-written'),
               ('logging', 'hand', 'with CSV + TensorBoard + checkpoint / hand-written'),
               ('train_metrics', 'hand', 'with train_metrics=("accuracy",) / hand-written'),
-              ('tracker', 'hand', 'with a Tracker / hand-written'), ('tracker', 'learner', 'with a Tracker / learn.fit without it'))
+              ('tracker', 'hand', 'with a Tracker / hand-written'), ('tracker', 'learner', 'with a Tracker / learn.fit without it'),
+              ('ddp_learner', 'ddp_hand', 'DDP, 2 ranks: learn.fit / hand-written DDP loop'))
     for a, b, name in ratios:
         if a in per_step and b in per_step: print(f'  {name}: {per_step[a] / per_step[b]:.4f}x instructions per step')
 
