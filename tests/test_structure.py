@@ -9,7 +9,7 @@ from conftest import ROOT
 PACKAGE = ROOT / 'nbtrainer'
 BOTTOM, MIDDLE, TOP = 0, 1, 2
 LAYERS = {
-    'callback': BOTTOM, 'checks': BOTTOM, 'clock': BOTTOM, 'data': BOTTOM, 'rng': BOTTOM, 'metrics': BOTTOM, 'layers': BOTTOM,
+    'callback': BOTTOM, 'checks': BOTTOM, 'clock': BOTTOM, 'runfiles': BOTTOM, 'data': BOTTOM, 'rng': BOTTOM, 'metrics': BOTTOM, 'layers': BOTTOM,
     'precision': MIDDLE, 'recorder': MIDDLE, 'parts': MIDDLE, 'core': MIDDLE,
     'progress': TOP, 'plotting': TOP, 'checkpoint': TOP, 'loggers': TOP, 'evaluate': TOP, 'diagnose': TOP,
     'schedule': TOP, 'lr_finder': TOP, 'liveplot': TOP, 'distributed': TOP, 'control': TOP, 'dashboard': TOP,
