@@ -51,7 +51,9 @@ def read_torch_file(path, map_location='cpu'):
     "The contents of a file `torch.save` wrote, read with `weights_only=True` after its checksums: one clear error otherwise."
     path = Path(path)
     if not path.is_file(): raise FileNotFoundError(f'no checkpoint at {path}')
-    if zipfile.is_zipfile(path): verify_zip(path)
+    try: is_zip = zipfile.is_zipfile(path)
+    except zipfile.BadZipFile as e: raise _unreadable(path, f'BadZipFile: {e}') from None  # a damaged end directory
+    if is_zip: verify_zip(path)
     try: return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e: raise _unreadable(path, f'{type(e).__name__}: {e}') from None
 
