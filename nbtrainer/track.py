@@ -73,9 +73,13 @@ def _database_error(path, e):
     trouble = name.startswith(('SQLITE_FULL', 'SQLITE_IOERR', 'SQLITE_CANTOPEN', 'SQLITE_READONLY'))
     if name == 'SQLITE_FULL' or trouble and _disk_full(path):
         return OSError(f'{path} cannot be written: the disk holding it is full ({e}); free some space')
-    if name.startswith(('SQLITE_READONLY', 'SQLITE_PERM', 'SQLITE_AUTH')) or trouble and path.exists() and not _writable(path):
+    read_only = name.startswith(('SQLITE_READONLY', 'SQLITE_PERM', 'SQLITE_AUTH'))
+    if (read_only or trouble) and path.exists() and not _writable(path):
         return PermissionError(f'{path} is read-only (the file, its folder or its filesystem): nbtrainer can read it '
                                f'(runs()), not write it ({e})')
+    if read_only:  # the file can be written, yet SQLite will not: its header says so
+        return ValueError(f'{path} cannot be written, though the file and its folder can: SQLite takes it for read-only '
+                          f'(a damaged header, or a newer file format?): {e}')
     if trouble: return OSError(f'{path} could not be read or written: {e}')
     return ValueError(f'{path} is not a readable nbtrainer experiment database (not SQLite, or corrupt): {e}')
 
