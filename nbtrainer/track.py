@@ -59,8 +59,8 @@ def _error_name(e):
     return getattr(e, 'sqlite_errorname', None) or next((name for text, name in _MESSAGES if text in str(e)), '')
 
 def _writable(path):
-    "Can this process write the file `path` and make files beside it (SQLite's WAL and its index)?"
-    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+    "Can this process write the file `path` (or make it) and make files beside it (SQLite's WAL and its index)?"
+    return (not path.exists() or os.access(path, os.W_OK)) and os.access(path.parent, os.W_OK)
 
 def _disk_full(path):
     try: return shutil.disk_usage(path.parent).free < 2**20
@@ -70,13 +70,14 @@ def _database_error(path, e):
     "The one clear error for SQLite's error `e` about the file `path`: a full disk, a read-only file, a damaged one; None for a lock timeout."
     name = _error_name(e)
     if name.startswith(('SQLITE_BUSY', 'SQLITE_LOCKED')): return None  # it stays what it is: another process holds the lock
-    trouble = name.startswith(('SQLITE_FULL', 'SQLITE_IOERR', 'SQLITE_CANTOPEN', 'SQLITE_READONLY'))
-    if name == 'SQLITE_FULL' or trouble and _disk_full(path):
-        return OSError(f'{path} cannot be written: the disk holding it is full ({e}); free some space')
+    full = OSError(f'{path} cannot be written: the disk holding it is full ({e}); free some space')
+    if name == 'SQLITE_FULL': return full
     read_only = name.startswith(('SQLITE_READONLY', 'SQLITE_PERM', 'SQLITE_AUTH'))
-    if (read_only or trouble) and path.exists() and not _writable(path):
+    trouble = name.startswith(('SQLITE_IOERR', 'SQLITE_CANTOPEN')) or read_only
+    if trouble and not _writable(path):
         return PermissionError(f'{path} is read-only (the file, its folder or its filesystem): nbtrainer can read it '
                                f'(runs()), not write it ({e})')
+    if trouble and _disk_full(path): return full  # SQLite could not grow the WAL's index (SQLITE_IOERR_SHMSIZE)
     if read_only:  # the file can be written, yet SQLite will not: its header says so
         return ValueError(f'{path} cannot be written, though the file and its folder can: SQLite takes it for read-only '
                           f'(a damaged header, or a newer file format?): {e}')
@@ -262,7 +263,7 @@ class _Heartbeat(threading.Thread):
 
     def stop(self):
         self.done.set()
-        if self is not threading.current_thread(): self.join(timeout=BUSY_TIMEOUT)
+        self.join(timeout=BUSY_TIMEOUT)
 
 def _json(value):
     return json.dumps(value, default=lambda v: v.item() if torch.is_tensor(v) and v.numel() == 1 else str(v))
