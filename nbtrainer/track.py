@@ -9,7 +9,8 @@ __all__ = ['APPLICATION_ID', 'SCHEMA_VERSION', 'BUSY_TIMEOUT', 'DIED_AFTER_BEATS
            'notebook_path', 'reproduce_command', 'git_state', 'Tracker', 'Run', 'runs', 'Runs', 'main', 'MLflowLogger']
 
 # %% ../nbs/18_track.ipynb #25b5afa7
-import argparse, functools, html, json, math, os, re, shlex, shutil, socket, sqlite3, subprocess, sys, threading, time, warnings
+import argparse, functools, html, json, math, os, re, shlex, shutil, socket, sqlite3, subprocess, sys, threading, time
+import warnings
 from contextlib import closing, contextmanager
 from functools import cached_property
 from pathlib import Path
@@ -51,8 +52,8 @@ def transaction(con):
         raise
     con.execute('COMMIT')
 
-_MESSAGES = (('locked', 'SQLITE_BUSY'), ('busy', 'SQLITE_BUSY'), ('disk is full', 'SQLITE_FULL'), ('readonly', 'SQLITE_READONLY'),
-             ('unable to open', 'SQLITE_CANTOPEN'), ('disk I/O error', 'SQLITE_IOERR'))
+_MESSAGES = (('locked', 'SQLITE_BUSY'), ('busy', 'SQLITE_BUSY'), ('disk is full', 'SQLITE_FULL'),
+             ('readonly', 'SQLITE_READONLY'), ('unable to open', 'SQLITE_CANTOPEN'), ('disk I/O error', 'SQLITE_IOERR'))
 
 def _error_name(e):
     "SQLite's name for the error `e`, such as 'SQLITE_FULL' (Python 3.11 says; before, its message tells)."
@@ -67,7 +68,7 @@ def _disk_full(path):
     except OSError: return False
 
 def _database_error(path, e):
-    "The one clear error for SQLite's error `e` about the file `path`: a full disk, a read-only file, a damaged one; None for a lock timeout."
+    "One clear error for SQLite's error `e` about the file `path` (full disk, read-only, damaged); None for a lock timeout."
     name = _error_name(e)
     if name.startswith(('SQLITE_BUSY', 'SQLITE_LOCKED')): return None  # it stays what it is: another process holds the lock
     full = OSError(f'{path} cannot be written: the disk holding it is full ({e}); free some space')
@@ -86,7 +87,7 @@ def _database_error(path, e):
 
 @contextmanager
 def _clear_errors(path):
-    "Turn SQLite's errors about the file itself into one clear error (see `_database_error`); a lock timeout stays what it is."
+    "Turn SQLite's errors about the file itself into one clear error (`_database_error`); a lock timeout stays what it is."
     try: yield
     except sqlite3.DatabaseError as e:
         if isinstance(e, sqlite3.ProgrammingError): raise  # a mistake in the query, not in the file
@@ -111,8 +112,9 @@ def _open_for_reading(path):
     filesystem). Where SQLite cannot keep the WAL's index beside the file (a read-only folder, a full disk), the file
     is read as it is (`immutable`), less any changes still in its WAL."""
     uri = path.resolve().as_uri()
-    con = (sqlite3.connect(path, timeout=BUSY_TIMEOUT, isolation_level=None) if _writable(path) else  # SQLite tidies its WAL files
-           sqlite3.connect(f'{uri}?mode=ro', uri=True, timeout=BUSY_TIMEOUT, isolation_level=None))
+    writable = _writable(path)  # then opened as writers open it, so that SQLite tidies its WAL files at the last close
+    con = sqlite3.connect(path if writable else f'{uri}?mode=ro', uri=not writable, timeout=BUSY_TIMEOUT,
+                          isolation_level=None)
     try:
         con.execute('PRAGMA schema_version').fetchone()  # the first read opens the WAL's index
         return con
@@ -127,7 +129,7 @@ def _open_for_reading(path):
 
 def connect(db, create=False, readonly=False):
     """A connection to the experiment database `db` (made if missing, with `create`), checked to be one; autocommit.
-    With `readonly` it only reads, and opens a file it cannot write read-only: a read-only folder or filesystem is read too."""
+    With `readonly` it only reads, and opens a file it cannot write read-only: a read-only folder or filesystem is read."""
     path = Path(db)
     if create and readonly: raise ValueError('connect(): create and readonly exclude each other')
     if not create and not path.is_file(): raise FileNotFoundError(f'no experiment database at {path}')
@@ -145,7 +147,7 @@ def connect(db, create=False, readonly=False):
             if version > SCHEMA_VERSION:
                 raise ValueError(f'{path} has schema version {version}, newer than this nbtrainer reads '
                                  f'({SCHEMA_VERSION}): upgrade nbtrainer')
-            if readonly: return con  # a reader writes nothing: a schema-1 file is read as it is (no parents, no checkpoints)
+            if readonly: return con  # a reader writes nothing: a schema-1 file is read as it is
             if version == 1: _upgrade_to_2(con)
             con.execute('PRAGMA synchronous = NORMAL')  # in WAL mode: durable across a killed process, no fsync per commit
     except BaseException:
@@ -154,12 +156,13 @@ def connect(db, create=False, readonly=False):
     return con
 
 def _check_intact(con, db):
-    "SQLite's `quick_check` of the whole file (about 0.15 s for 60 MB): a damaged page is found before a fit starts, not in it."
+    "SQLite's `quick_check` of the whole file (about 0.15 s for 60 MB): a damaged page is found before a fit, not in it."
     with _clear_errors(db):
         problems = [p for p, in con.execute('PRAGMA quick_check(3)')]
     if problems != ['ok']:
-        raise ValueError(f'{db} is not a readable nbtrainer experiment database (corrupt: SQLite finds {"; ".join(problems)}). '
-                         'Move it aside (the Tracker then starts a new one) or give the Tracker another file')
+        raise ValueError(f'{db} is not a readable nbtrainer experiment database (corrupt: SQLite finds '
+                         f'{"; ".join(problems)}). Move it aside (the Tracker then starts a new one) or give the Tracker '
+                         'another file')
 
 # %% ../nbs/18_track.ipynb #db55154d
 _OPT_SKIP = ('params', 'lr', 'initial_lr', 'foreach', 'capturable', 'differentiable', 'fused')  # not hyperparameters
@@ -339,7 +342,7 @@ class Tracker(Callback):
         self._rows, self._best = 0, (None, None)
 
     def _reopen(self, state):
-        "Continue the run of a checkpoint: drop the rows written after it, and mark the run running again (with its folder now)."
+        "Continue the run of a checkpoint: drop the rows written after it, mark the run running again (with its folder now)."
         run_id, rows = state['run'], state['rows']
         with transaction(self._con) as con:
             if con.execute('SELECT 1 FROM runs WHERE id = ?', (run_id,)).fetchone() is None:
@@ -378,7 +381,8 @@ class Tracker(Callback):
         if not math.isnan(value) and (best[0] is None or (value < best[0] if self.mode == 'min' else value > best[0])):
             best = (float(value), row['step'])
         text = _json(row)
-        if self._write(('INSERT INTO evals (run, seq, step, row) VALUES (?, ?, ?, ?)', (self.run_id, self._rows, row['step'], text)),
+        if self._write(('INSERT INTO evals (run, seq, step, row) VALUES (?, ?, ?, ?)',
+                        (self.run_id, self._rows, row['step'], text)),
                        ('UPDATE runs SET best_value = ?, best_step = ?, final = ?, heartbeat = ? WHERE id = ?',
                         (*best, text, wall(), self.run_id))):
             self._rows, self._best = self._rows + 1, best
@@ -447,15 +451,16 @@ _RUN_FIELDS = {  # what each column of a `runs` row must hold, JSON ones once pa
     'ended': _maybe(_is_number), 'heartbeat': _is_number, 'beat_every': _is_number, 'host': _is_text, 'command': _is_text,
     'git_commit': _is_text, 'git_dirty': _maybe(_is_int), 'monitor': _is_text, 'mode': _is_text,
     'best_value': _maybe(_is_number), 'best_step': _maybe(_is_int), 'notes': lambda v: isinstance(v, str),
-    'resumes': _is_int, 'checkpoints': _is_text, 'config': lambda v: isinstance(v, dict), 'final': _maybe(lambda v: isinstance(v, dict)),
+    'resumes': _is_int, 'checkpoints': _is_text, 'config': lambda v: isinstance(v, dict),
+    'final': _maybe(lambda v: isinstance(v, dict)),
     'tags': lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v),
-    'parent': _maybe(lambda v: isinstance(v, dict) and v.keys() == {'run', 'step'} and _is_int(v['run']) and _is_int(v['step']))}
+    'parent': _maybe(lambda v: isinstance(v, dict) and v.keys() == {'run', 'step'} and all(map(_is_int, v.values())))}
 _JSON_FIELDS = ('config', 'final', 'tags', 'parent')
 
 def _run_fields(db, row):
-    "A `runs` row's fields, JSON parsed and each checked: a crafted or damaged row gets one clear error naming its run and field."
+    "A `runs` row's fields, JSON parsed and checked: a crafted or damaged row gets one clear error naming run and field."
     fields = {'parent': None, 'checkpoints': None, **dict(zip(row.keys(), row))}  # a schema-1 file has neither column
-    if not _is_int(fields.get('id')): raise ValueError(f"{db}: a run has a damaged 'id' field: {str(fields.get('id'))[:100]!r}")
+    if not _is_int(fields.get('id')): raise ValueError(f"{db}: a run has a damaged 'id' field: {str(fields['id'])[:100]!r}")
     for name, valid in _RUN_FIELDS.items():
         value = fields.get(name)
         try:
@@ -490,7 +495,8 @@ class Run:
     def __init__(self, db, row, now, stale_after=None):
         self.db = Path(db)
         f = _run_fields(self.db, row)
-        self.id, self.study, self.message, self.host, self.command = f['id'], f['study'], f['message'], f['host'], f['command']
+        self.id, self.study, self.message = f['id'], f['study'], f['message']
+        self.host, self.command = f['host'], f['command']
         self.started, self.ended, self.heartbeat, self.resumes = f['started'], f['ended'], f['heartbeat'], f['resumes']
         self.git = {'commit': f['git_commit'], 'dirty': None if f['git_dirty'] is None else bool(f['git_dirty'])}
         self.config, self.monitor, self.mode = f['config'], f['monitor'], f['mode']
@@ -503,7 +509,7 @@ class Run:
 
     @property
     def checkpoints(self):
-        "The folder its Checkpointer wrote (a relative record is under the database's folder, wherever that is now), or None."
+        "The folder its Checkpointer wrote (a relative record lies under the database's folder, wherever it is), or None."
         return None if self._checkpoints is None else str(_recorded_folder(self.db, self.id, self._checkpoints))
 
     @cached_property
@@ -567,9 +573,9 @@ class Run:
             raise ValueError(f"{found[0]} does not say which run it holds (it has no Tracker state): it is not known to be "
                              f"run {self.id}'s, and is refused")
         if not self._owns(owner, step):
-            raise ValueError(f"{found[0]} holds run {owner}'s state at step {step}, not run {self.id}'s: another run's files "
-                             "are in its folder (a branch that kept writing into the folder it shares with its parent "
-                             "replaces the parent's files: give a branch's Checkpointer a folder of its own)")
+            raise ValueError(f"{found[0]} holds run {owner}'s state at step {step}, not run {self.id}'s: another run's "
+                             "files are in its folder (a branch that kept writing into the folder it shares with its "
+                             "parent replaces the parent's files: give a branch's Checkpointer a folder of its own)")
         if build is None: return state
         learn = build()
         if any(Path(getattr(cb, 'folder', '')).resolve() == folder.resolve() for cb in learn.cbs
@@ -697,7 +703,8 @@ class Runs(list):
                 for start in range(0, len(ids), 500):
                     chunk = ids[start:start + 500]
                     query = f'SELECT run, seq, row FROM evals WHERE run IN ({",".join("?" * len(chunk))}) ORDER BY run, seq'
-                    for run_id, seq, row in con.execute(query, chunk): found[run_id].append(_history_row(db, run_id, seq, row))
+                    for run_id, seq, row in con.execute(query, chunk):
+                        found[run_id].append(_history_row(db, run_id, seq, row))
             for i, history in found.items(): wanted[i].history = history
         return [r.history for r in self]
 
