@@ -894,7 +894,13 @@ class MLflowLogger(Callback):
         self._write_windows()  # whole windows only, so the resumed fit logs the same windows
         return {'run_id': self.run_id, 'logged': self._logged}
 
+    def check_state(self, state):  # a file-based tracking store keeps a run in a folder named by its id
+        if state and not (isinstance(state.get('run_id'), str) and re.fullmatch(r'[0-9a-f]{32}', state['run_id'])
+                          and isinstance(state.get('logged'), int)):
+            raise ValueError(f"its MLflowLogger state names run {state.get('run_id')!r}, not an MLflow run id")
+
     def load_state_dict(self, state):
+        self.check_state(state)
         if state: self._resume = dict(state)
 
     def after_fork(self):

@@ -377,3 +377,10 @@ def test_a_second_writer_leaves_the_first_runs_files_alone(tmp_path, uninterrupt
     final, csv, registry = outcome(folder)
     assert all(torch.equal(final['model'][k], uninterrupted[0]['model'][k]) for k in final['model'])
     assert csv == uninterrupted[1] and registry == uninterrupted[2]
+
+
+def test_an_mlflow_run_id_that_is_no_id_is_refused():
+    from nbtrainer import MLflowLogger
+    for bad in ('../../victim', 'a' * 31, None, 3):
+        with pytest.raises(ValueError, match='not an MLflow run id'): MLflowLogger().check_state({'run_id': bad, 'logged': 0})
+    MLflowLogger().check_state({'run_id': '0123456789abcdef0123456789abcdef', 'logged': 4})
