@@ -477,7 +477,9 @@ def load(self, run=None, checkpoint='best'):
     if path is None: raise ValueError(f"trial {run.config['trial']} kept no {checkpoint} checkpoint in {kept.folder}")
     seed_trial(self.seed, run.config['trial'])
     learn = self.build(self.params(run))
-    learn.load(path)
+    with warnings.catch_warnings():  # the trial's Tracker and Checkpointer were the study's: not this Learner's to restore
+        warnings.filterwarnings('ignore', message='.*has state for callbacks this Learner lacks')
+        learn.load(path)
     return learn
 
 @patch_to(Study)
