@@ -106,3 +106,40 @@ def test_a_study_in_two_processes_killed_and_resumed_ends_as_an_uninterrupted_on
     assert int(best_id) == resumed.best.id == min((r for r in found if r.status == 'finished'), key=lambda r: r.best['value']).id
     assert edges == str(resumed.near_bounds()) and table.strip() == repr(resumed)
     for name in ('isolation', 'params', 'curves'): assert (tmp_path / f'{name}.png').read_bytes()[:4] == b'\x89PNG'
+
+
+def one_trial_job(db):
+    "What a torchrun job of a study runs: one trial, on every rank; each rank's Learner step at the end."
+    import torch.distributed as dist
+    from nbtrainer.study import Float, Study
+    from nbtrainer.testing import synth_learner
+    built = []
+    def build(params):
+        built.append(synth_learner(n=64, bs=16, lr=params['lr']))
+        return built[-1]
+    always = optuna.pruners.ThresholdPruner(upper=0.0)  # any loss is above 0: every trial is pruned at its first evaluation
+    study = Study('ddp', dict(lr=Float(1e-3, 0.1, log=True)), build, trials=2, fit=dict(epochs=3), db=db, seed=1,
+                  pruner=always, display=False)
+    study.run(trials=1)
+    steps = [None] * dist.get_world_size()
+    dist.all_gather_object(steps, [learn.step for learn in built])
+    return steps
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_one_torchrun_job_per_trial(tmp_path):
+    from nbtrainer.distributed import launch
+    from nbtrainer.study import Study
+    db = tmp_path / 'runs.db'
+    first, second = launch(one_trial_job, nprocs=2, args=(db,)), launch(one_trial_job, nprocs=2, args=(db,))
+    assert first == second == [[2], [2]]  # rank 1 took rank 0's pruning decision: both stopped after the first evaluation
+    study = Study('ddp', db=db)
+    found = study.runs()
+    assert [(r.config['trial'], r.status, r.config['world_size'], r.history[-1]['step']) for r in found] == \
+        [(0, 'pruned', 2, 2), (1, 'pruned', 2, 2)]  # one registry run per trial, written by rank 0
+    with pytest.warns(optuna.exceptions.ExperimentalWarning):
+        sampler = optuna.samplers.QMCSampler(scramble=True, seed=1)
+    plain = optuna.create_study(sampler=sampler)
+    plain.optimize(lambda t: t.suggest_float('lr', 1e-3, 0.1, log=True), n_trials=2)
+    assert [r.config['lr'] for r in found] == [t.params['lr'] for t in plain.trials]
