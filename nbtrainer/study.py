@@ -249,6 +249,10 @@ def _try_claim(path):
         return None
     return f
 
+def _trial_number(n):
+    "Is `n`, read from the registry, a trial number (it names the trial's folder)?"
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+
 class Study:
     """A hyperparameter search on Optuna: `trials` trials of `space`, each the Learner `build(params)` makes, trained with
     `learn.fit(**fit)` and recorded as a run of study `name` in the registry `db`. `Study(name, db=db)` alone reads one back."""
@@ -276,9 +280,11 @@ class Study:
 
     def _space_from_registry(self):
         found = runs(self.db, study=self.name)
-        described = next((r for r in found if isinstance(r.config.get('space'), dict)), None)
+        described = next((r for r in found if isinstance(r.config.get('space'), dict) and _trial_number(r.config.get('trial'))), None)
         if described is None: raise ValueError(f'{self.db} has no trial of a study named {self.name!r}: give its space to start it')
-        return {k: Param.from_dict(d) for k, d in described.config['space'].items()}, described.monitor, described.mode
+        try: return {k: Param.from_dict(d) for k, d in described.config['space'].items()}, described.monitor, described.mode
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            raise ValueError(f"the search space run {described.id} of study {self.name!r} records in {self.db} is damaged: {e!r}") from None
 
     @property
     def searched(self): return {n: p for n, p in self.space.items() if p.searched}
@@ -353,7 +359,8 @@ class Study:
     def runs(self):
         "The trials' registry runs, by trial number."
         if not self.db.exists(): return Runs()  # no trial has started yet
-        return Runs(sorted((r for r in runs(self.db, study=self.name) if 'trial' in r.config), key=lambda r: r.config['trial']))
+        found = [r for r in runs(self.db, study=self.name) if _trial_number(r.config.get('trial'))]  # a number names a folder
+        return Runs(sorted(found, key=lambda r: r.config['trial']))
 
     def params(self, run):
         "The parameters (searched and fixed) of the trial that registry run `run` recorded."
@@ -490,7 +497,9 @@ def fork(self, run, step, cbs=()):
         learn = self.build(self.params(run))
         learn.add_cbs(list(cbs))  # before the fork, so that a Tracker records the branch's parent
         return learn
-    return run.fork(step, make)
+    with warnings.catch_warnings():  # the trial's Checkpointer was the study's: the branch writes none into its folder
+        warnings.filterwarnings('ignore', message='.*has state for callbacks this Learner lacks')
+        return run.fork(step, make)
 
 def _cell(v):
     if v is None: return ''
