@@ -10,7 +10,8 @@ __all__ = ['ROLES', 'KINDS', 'SAMPLERS', 'PRUNERS', 'STOP_MESSAGE', 'Param', 'Fl
            'TrialReport', 'Study', 'StudyDisplay']
 
 # %% ../nbs/19_study.ipynb #ebe3010a
-import asyncio, concurrent.futures, contextlib, contextvars, fcntl, hashlib, html, json, math, os, random, re, sys, threading, warnings
+import asyncio, concurrent.futures, contextlib, contextvars, fcntl, hashlib, html, json, math, os, random, re, threading
+import warnings
 from pathlib import Path
 
 import torch
@@ -28,7 +29,7 @@ ROLES = ('scientific', 'nuisance', 'fixed')
 KINDS = ('float', 'int', 'choice', 'fixed')
 
 class Param:
-    "One hyperparameter of a search space: a float or int range (linear or log), a list of choices, or a fixed value; and its role."
+    "A hyperparameter: a float or int range (linear or log), choices, or a fixed value; and its role."
     def __init__(self, kind, low=None, high=None, log=False, step=None, choices=None, value=None, role='nuisance'):
         if kind not in KINDS: raise ValueError(f'a parameter is one of {KINDS}, got {kind!r}')
         if role not in ROLES: raise ValueError(f"role must be 'scientific', 'nuisance' or 'fixed', got {role!r}")
@@ -47,9 +48,11 @@ class Param:
         kind = 'int' if self.kind == 'int' else 'number'
         for name, v in (('low', self.low), ('high', self.high), ('step', self.step)):
             if v is None and name == 'step': continue
-            if isinstance(v, bool) or not isinstance(v, int if self.kind == 'int' else (int, float)) or not math.isfinite(v):
+            number = isinstance(v, int if self.kind == 'int' else (int, float)) and not isinstance(v, bool)
+            if not number or not math.isfinite(v):
                 raise ValueError(f'{self.kind.title()}: {name} must be a finite {kind}, got {v!r}')
-        if not self.low < self.high: raise ValueError(f'low must be below high, got low={self.low!r}, high={self.high!r}')
+        if not self.low < self.high:
+            raise ValueError(f'low must be below high, got low={self.low!r}, high={self.high!r}')
         if self.log and self.low <= 0: raise ValueError(f'a log scale needs low > 0, got low={self.low!r}')
         if self.step is not None and (self.step <= 0 or self.log):
             raise ValueError(f"step must be > 0, and a log scale takes no step (Optuna's rule), got step={self.step!r}")
@@ -70,26 +73,27 @@ class Param:
         if self.kind == 'choice': return list(self.choices)
         if self.kind == 'int' and not self.log: return list(range(self.low, self.high + 1, self.step or 1))
         if self.kind == 'float' and self.step is not None:
-            return [self.low + i * self.step for i in range(int(math.floor((self.high - self.low) / self.step + 1e-9)) + 1)]
+            n = int(math.floor((self.high - self.low) / self.step + 1e-9))
+            return [self.low + i * self.step for i in range(n + 1)]
         raise ValueError(f'a grid needs a finite set of values: give {self!r} a step, or use Choice([...])')
 
     def position(self, v):
-        "Where `v` lies in the range, from 0 (low) to 1 (high), on the parameter's scale (log or linear); None for choices."
+        "Where `v` lies in the range, from 0 (low) to 1 (high), on the parameter's scale; None for choices."
         if self.kind not in ('float', 'int'): return None
         f = math.log if self.log else float
         return (f(v) - f(self.low)) / (f(self.high) - f(self.low))
 
     def describe(self):
         "This parameter as a JSON-ready dict (what the registry keeps with each trial)."
-        fields = dict(kind=self.kind, role=self.role, low=self.low, high=self.high, log=self.log or None, step=self.step,
-                      choices=self.choices, value=self.value if self.kind == 'fixed' else None)
+        fields = dict(kind=self.kind, role=self.role, low=self.low, high=self.high, log=self.log or None,
+                      step=self.step, choices=self.choices, value=self.value if self.kind == 'fixed' else None)
         return {k: v for k, v in fields.items() if v is not None}
 
     @classmethod
     def from_dict(cls, d):
         "The parameter `describe()` described."
-        return cls(d['kind'], d.get('low'), d.get('high'), d.get('log', False), d.get('step'), d.get('choices'), d.get('value'),
-                   d['role'])
+        return cls(d['kind'], d.get('low'), d.get('high'), d.get('log', False), d.get('step'), d.get('choices'),
+                   d.get('value'), d['role'])
 
     def __eq__(self, other): return isinstance(other, Param) and self.describe() == other.describe()
 
@@ -120,12 +124,14 @@ _RESERVED = ('trial', 'space')  # keys a trial's registry config has besides its
 
 def check_space(space):
     "A search space, checked: a dict of names to `Param`s, at least one of them searched."
-    if not isinstance(space, dict) or not space: raise ValueError('space must be a non-empty dict of names to Float/Int/Choice/Fixed')
+    if not isinstance(space, dict) or not space:
+        raise ValueError('space must be a non-empty dict of names to Float, Int, Choice or Fixed')
     for name, p in space.items():
         if not isinstance(name, str) or not _NAME.fullmatch(name) or name in _RESERVED:
             raise ValueError(f'a parameter name must be an identifier other than {_RESERVED}, got {name!r}')
         if not isinstance(p, Param): raise ValueError(f'space[{name!r}] must be Float, Int, Choice or Fixed, got {p!r}')
-    if not any(p.searched for p in space.values()): raise ValueError('the space searches nothing: every parameter is Fixed')
+    if not any(p.searched for p in space.values()):
+        raise ValueError('the space searches nothing: every parameter is Fixed')
     return dict(space)
 
 # %% ../nbs/19_study.ipynb #254b1004
@@ -134,7 +140,7 @@ PRUNERS = ('median', 'halving', None)
 
 @contextlib.contextmanager
 def quiet_optuna():
-    "Optuna without its INFO lines (one per trial: the study's table says it) and its experimental warnings, for the block."
+    "Optuna without its INFO lines (one per trial: the study's table says it) and experimental warnings, in the block."
     import optuna
     saved = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -145,18 +151,19 @@ def quiet_optuna():
     finally: optuna.logging.set_verbosity(saved)
 
 def make_sampler(sampler, space, seed=0):
-    "The Optuna sampler for `sampler`: 'qmc' (scrambled Sobol, the default), 'tpe', 'grid', 'random', or an Optuna sampler as it is."
+    "The Optuna sampler for `sampler`: 'qmc' (scrambled Sobol), 'tpe', 'grid', 'random', or an Optuna sampler as it is."
     import optuna
     if not isinstance(sampler, str): return sampler
     with quiet_optuna():
         if sampler == 'qmc': return optuna.samplers.QMCSampler(qmc_type='sobol', scramble=True, seed=seed)
         if sampler == 'tpe': return optuna.samplers.TPESampler(seed=seed)
         if sampler == 'random': return optuna.samplers.RandomSampler(seed=seed)
-        if sampler == 'grid': return optuna.samplers.GridSampler({n: p.grid() for n, p in space.items() if p.searched}, seed=seed)
+        if sampler == 'grid':
+            return optuna.samplers.GridSampler({n: p.grid() for n, p in space.items() if p.searched}, seed=seed)
     raise ValueError(f'sampler must be one of {SAMPLERS} or an Optuna sampler, got {sampler!r}')
 
 def make_pruner(pruner):
-    "The Optuna pruner for `pruner`: 'median', 'halving' (successive halving), None (never prune), or an Optuna pruner as it is."
+    "The Optuna pruner for `pruner`: 'median', 'halving' (successive halving), None (never), or an Optuna pruner."
     import optuna
     if pruner is None: return optuna.pruners.NopPruner()
     if not isinstance(pruner, str): return pruner
@@ -186,11 +193,11 @@ class TrialPruned(CancelFitException):
     run_status = 'pruned'
 
 class StudyStopped(CancelFitException):
-    "`study.stop()` ended the trial: its run ends as `stopped`, and the study resumes it from its checkpoint when run again."
+    "`study.stop()` ended the trial: its run ends as `stopped`; the study's next run resumes it from its checkpoint."
 
 class TrialReport(Callback):
-    "Report each evaluation's monitored value to the Optuna `trial`, end the trial when its pruner says so, and stop with the study."
-    order = Order.SAVE + 5  # after the Tracker wrote the row and the Checkpointer kept the state: a pruned trial can be forked
+    "Report each evaluation's monitored value to the Optuna `trial`; end it when its pruner says, or the study stops."
+    order = Order.SAVE + 5  # after the Tracker wrote the row and the Checkpointer kept the state: a pruned trial forks
     side_effects = True
 
     def __init__(self, trial, monitor, stopping, listeners=()):
@@ -213,10 +220,11 @@ class TrialReport(Callback):
         prune = self.trial is not None and new and self.trial.should_prune()
         if self.learn.strategy.distributed: prune = self.learn.strategy.broadcast_object(prune)
         for listener in list(self.listeners): listener()
-        if prune: raise TrialPruned(f"pruned at step {row['step']}: {self.monitor} {monitored_value(row, self.monitor):.4g}")
+        if prune:
+            raise TrialPruned(f"pruned at step {row['step']}: {self.monitor} {monitored_value(row, self.monitor):.4g}")
 
     def before_fit(self):
-        "Note the trial's run; on a resumed trial, report the evaluations its checkpoint holds that the lost process had not, and decide once."
+        "Note the trial's run. Resumed: report what its checkpoint holds and the lost process had not; decide once."
         history = self.learn.recorder.history
         if self.trial is not None:
             self.reported = set(self.trial.storage.get_trial(self.trial._trial_id).intermediate_values)
@@ -241,7 +249,7 @@ def _locked(path):
         yield
 
 def _try_claim(path):
-    "An open file holding an exclusive lock on `path`, or None if another process holds it (the OS frees it when that one dies)."
+    "An open file holding an exclusive lock on `path`; None if another process holds it (freed when that one dies)."
     f = open(path, 'a+')
     try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -254,16 +262,18 @@ def _trial_number(n):
     return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
 class Study:
-    """A hyperparameter search on Optuna: `trials` trials of `space`, each the Learner `build(params)` makes, trained with
-    `learn.fit(**fit)` and recorded as a run of study `name` in the registry `db`. `Study(name, db=db)` alone reads one back."""
-    def __init__(self, name, space=None, build=None, *, trials=None, fit=None, db='runs/experiments.db', monitor='valid_loss',
-                 mode='min', sampler='qmc', seed=0, pruner='median', storage='journal', folder=None, display=None):
+    """A hyperparameter search on Optuna: `trials` trials of `space`, each the Learner `build(params)` makes, trained
+    with `learn.fit(**fit)` and recorded as a run of study `name` in the registry `db`. `Study(name, db=db)` reads."""
+    def __init__(self, name, space=None, build=None, *, trials=None, fit=None, db='runs/experiments.db',
+                 monitor='valid_loss', mode='min', sampler='qmc', seed=0, pruner='median', storage='journal',
+                 folder=None, display=None):
         if not isinstance(name, str) or not re.fullmatch(r'[A-Za-z0-9][A-Za-z0-9._-]*', name):
-            raise ValueError(f'a study name is a bare name (letters, digits, ".", "_", "-"): it names a folder; got {name!r}')
+            raise ValueError(f'a study name must be a bare name (letters, digits, ".", "_", "-"), got {name!r}')
         if mode not in ('min', 'max'): raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
         if isinstance(sampler, str) and sampler not in SAMPLERS: make_sampler(sampler, {})  # its clear error
         if isinstance(pruner, str) and pruner not in PRUNERS: make_pruner(pruner)
-        if build is not None and not callable(build): raise TypeError(f'build must be a function params -> Learner, got {build!r}')
+        if build is not None and not callable(build):
+            raise TypeError(f'build must be a function params -> Learner, got {build!r}')
         self.name, self.db, self.build, self.seed = name, Path(db), build, seed
         self.monitor, self.mode, self.sampler, self.pruner, self.storage = monitor, mode, sampler, pruner, storage
         self.folder = Path(folder) if folder is not None else self.db.parent / 'studies' / name
@@ -273,18 +283,23 @@ class Study:
         if build is not None:
             if not (isinstance(trials, int) and not isinstance(trials, bool) and trials > 0):
                 raise ValueError(f'trials must be an int > 0 (how many trials the study runs), got {trials!r}')
-            if not isinstance(fit, dict) or not fit: raise ValueError('fit must be the fit each trial runs, e.g. fit=dict(epochs=5)')
-            if 'resume' in fit or 'cbs' in fit: raise ValueError("fit= takes the fit's length and evaluations; the study adds resume= and its callbacks")
+            if not isinstance(fit, dict) or not fit:
+                raise ValueError('fit must be the fit each trial runs, e.g. fit=dict(epochs=5)')
+            if 'resume' in fit or 'cbs' in fit:
+                raise ValueError("fit= takes the fit's length and evaluations: the study adds resume= and callbacks")
         self.trials, self.fit, self.display = trials, dict(fit or {}), display
         self._study, self._stopping, self.listeners = None, threading.Event(), []
 
     def _space_from_registry(self):
         found = runs(self.db, study=self.name)
-        described = next((r for r in found if isinstance(r.config.get('space'), dict) and _trial_number(r.config.get('trial'))), None)
-        if described is None: raise ValueError(f'{self.db} has no trial of a study named {self.name!r}: give its space to start it')
-        try: return {k: Param.from_dict(d) for k, d in described.config['space'].items()}, described.monitor, described.mode
+        trials = [r for r in found if isinstance(r.config.get('space'), dict) and _trial_number(r.config.get('trial'))]
+        trial = trials[0] if trials else None
+        if trial is None:
+            raise ValueError(f'{self.db} has no trial of a study named {self.name!r}: give its space to start it')
+        try: return {k: Param.from_dict(d) for k, d in trial.config['space'].items()}, trial.monitor, trial.mode
         except (KeyError, TypeError, AttributeError, ValueError) as e:
-            raise ValueError(f"the search space run {described.id} of study {self.name!r} records in {self.db} is damaged: {e!r}") from None
+            raise ValueError(f'the space of study {self.name!r} in {self.db} (run {trial.id}) '
+                             f'is damaged: {e}') from None
 
     @property
     def searched(self): return {n: p for n, p in self.space.items() if p.searched}
@@ -293,7 +308,7 @@ class Study:
     def fixed(self): return {n: p.value for n, p in self.space.items() if not p.searched}
 
     def description(self):
-        "What a study of this name keeps, and must keep to be continued: space, objective, sampler, seed, pruner and fit."
+        "What a study of this name keeps, and must keep to go on: space, objective, sampler, seed, pruner and fit."
         return {'space': {n: p.describe() for n, p in self.space.items()}, 'monitor': self.monitor, 'mode': self.mode,
                 'sampler': _label(self.sampler), 'seed': self.seed, 'pruner': _label(self.pruner), 'fit': self.fit}
 
@@ -304,37 +319,40 @@ class Study:
             return optuna.storages.JournalStorage(JournalFileBackend(str(self.folder / 'optuna.journal')))
         if self.storage == 'sqlite':  # the registry's own file: Optuna's tables beside `runs` and `evals`
             connect(self.db, create=True).close()  # the registry first: it refuses a file another program made
-            return optuna.storages.RDBStorage(f'sqlite:///{self.db.resolve()}', engine_kwargs={'connect_args': {'timeout': 60}})
+            return optuna.storages.RDBStorage(f'sqlite:///{self.db.resolve()}',
+                                              engine_kwargs={'connect_args': {'timeout': 60}})
         return self.storage  # an Optuna storage, or its URL
 
     def optuna_study(self):
-        "The Optuna study behind this one, created in its storage the first time, checked to have the same settings after."
+        "The Optuna study behind this one, made in its storage the first time, checked to have the same settings after."
         if self._study is not None: return self._study
         import optuna
         self.folder.mkdir(parents=True, exist_ok=True)
         with quiet_optuna(), _locked(self.folder / '.lock'):
             study = optuna.create_study(study_name=self.name, storage=self._storage(), load_if_exists=True,
-                                        sampler=make_sampler(self.sampler, self.space, self.seed), pruner=make_pruner(self.pruner),
-                                        direction='minimize' if self.mode == 'min' else 'maximize')
+                                        sampler=make_sampler(self.sampler, self.space, self.seed),
+                                        pruner=make_pruner(self.pruner),
+                                        direction={'min': 'minimize', 'max': 'maximize'}[self.mode])
             mine, kept = json.loads(json.dumps(self.description())), study.user_attrs.get('nbtrainer')
             if kept is None: study.set_user_attr('nbtrainer', mine)
             elif kept != mine:
                 changed = [k for k in mine if mine[k] != kept.get(k)]
                 raise ValueError(f'study {self.name!r} in {self.folder} was started with another {", ".join(changed)}: '
-                                 f'{ {k: kept.get(k) for k in changed} }. Continue it with the same settings, or give the '
-                                 'new one another name')
+                                 f'{ {k: kept.get(k) for k in changed} }. Continue it with the same settings, or give '
+                                 'the new one another name')
         self._study = study
         return study
 
     def stop(self):
-        "Stop the study: the running trial ends at its next batch (resumed from its checkpoint when the study runs again), and no new one starts."
+        "Stop the study: the running trial ends at its next batch (the next run resumes it), and no new one starts."
         self._stopping.set()
 
     def run(self, trials=None):
-        """Run trials until the study has `self.trials` finished or pruned ones, counting other processes' (each process
-        that runs the same study takes the next trial); `trials` caps how many this call runs. Trials a lost process left
-        are resumed first. Under torchrun, rank 0 picks each trial and every rank trains it. Returns the study."""
-        if self.build is None: raise ValueError(f'study {self.name!r} was read from the registry: give build= (and trials=, fit=) to run trials')
+        """Run trials until the study has `self.trials` finished or pruned ones, counting other processes' (each
+        process that runs the same study takes the next trial); `trials` caps how many this call runs. Trials a lost
+        process left are resumed first. Under torchrun, rank 0 picks, all ranks train it. Returns the study."""
+        if self.build is None:
+            raise ValueError(f'study {self.name!r} was read from the registry: give build=, trials= and fit= to run it')
         self._stopping.clear()
         distributed = is_distributed() or int(os.environ.get('WORLD_SIZE', '1')) > 1  # a torchrun job
         if distributed: init_distributed()
@@ -342,7 +360,7 @@ class Study:
         done = 0
         try:
             while (trials is None or done < trials) and not self._stopping.is_set():
-                claim = self._claim_next() if rank() == 0 else None  # (Optuna trial, number, params, resumed, claim file)
+                claim = self._claim_next() if rank() == 0 else None  # (Optuna trial, number, params, resumed, lock)
                 info = None if claim is None else claim[1:4]
                 if distributed: info = broadcast_object(info)  # every rank trains the trial rank 0 claimed
                 if info is None: break
@@ -359,7 +377,7 @@ class Study:
     def runs(self):
         "The trials' registry runs, by trial number."
         if not self.db.exists(): return Runs()  # no trial has started yet
-        found = [r for r in runs(self.db, study=self.name) if _trial_number(r.config.get('trial'))]  # a number names a folder
+        found = [r for r in runs(self.db, study=self.name) if _trial_number(r.config.get('trial'))]  # it names a folder
         return Runs(sorted(found, key=lambda r: r.config['trial']))
 
     def params(self, run):
@@ -367,14 +385,15 @@ class Study:
         return {k: run.config[k] for k in self.space if k in run.config}
 
     def _claim_next(self):
-        "(Optuna trial, number, params, resumed, claim file) of the trial this process runs next, or None when the study has all it needs."
+        "(Optuna trial, number, params, resumed, lock) of the trial this process runs next; None: the study has enough."
         import optuna
         from optuna.trial import TrialState
         study = self.optuna_study()
         with quiet_optuna(), _locked(self.folder / '.lock'):  # one process at a time asks, or takes over a trial
             trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
             for t in trials:
-                if t.state == TrialState.RUNNING and (claim := _try_claim(self.folder / f'trial-{t.number}.claim')) is not None:
+                claim = _try_claim(self.folder / f'trial-{t.number}.claim') if t.state == TrialState.RUNNING else None
+                if claim is not None:
                     return optuna.trial.Trial(study, t._trial_id), t.number, {**self.fixed, **t.params}, True, claim
             counted = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING) for t in trials)
             if counted >= self.trials: return None
@@ -383,7 +402,7 @@ class Study:
             return trial, trial.number, {**self.fixed, **trial.params}, False, claim
 
     def _run_trial(self, trial, number, params, resumed, claim):
-        "Seed, build and fit one trial (`trial` is None on the other ranks of a DDP trial), then tell Optuna how it ended."
+        "Seed, build and fit one trial (`trial` is None on a DDP trial's other ranks), then tell Optuna how it ended."
         try:
             try: learn, tracker = self._fit_trial(trial, number, params, resumed)
             except KeyboardInterrupt: raise  # left running: the next run resumes it
@@ -408,21 +427,24 @@ class Study:
         "The trial's Learner, with the study's callbacks, after its fit; and its Tracker."
         seed_trial(self.seed, number)
         learn = self.build(dict(params))
-        if not isinstance(learn, Learner): raise TypeError(f'build(params) must return a Learner, got {type(learn).__name__}')
-        taken = [type(cb).__name__ for cb in learn.cbs if isinstance(cb, (Tracker, TrialReport)) or getattr(cb, 'keeps_checkpoints', False)]
-        if taken: raise ValueError(f"the Learner build(params) returned has {taken}: the study adds each trial's Tracker and "
-                                   'Checkpointer itself (leave them out of build)')
+        if not isinstance(learn, Learner):
+            raise TypeError(f'build(params) must return a Learner, got {type(learn).__name__}')
+        taken = [type(cb).__name__ for cb in learn.cbs
+                 if isinstance(cb, (Tracker, TrialReport)) or getattr(cb, 'keeps_checkpoints', False)]
+        if taken: raise ValueError(f"the Learner build(params) returned has {taken}: the study adds each trial's "
+                                   'Tracker and Checkpointer itself (leave them out of build)')
         folder = self.trial_folder(number)
         if not resumed and any(folder.glob('*.pt')):
-            raise ValueError(f'{folder} holds checkpoints, but trial {number} is new: they belong to an earlier study named '
-                             f'{self.name!r} whose Optuna storage is gone. Remove the folder, or give the study another name')
+            raise ValueError(f'{folder} holds checkpoints, but trial {number} is new: they belong to an earlier study '
+                             f'named {self.name!r} whose Optuna storage is gone. Remove the folder or rename the study')
         tracker = Tracker(self.db, study=self.name, notes=f'trial {number}', monitor=self.monitor, mode=self.mode,
                           config={**params, 'trial': number, 'space': self.description()['space']})
         run_id = trial.user_attrs.get('run') if trial is not None else None
-        if run_id is not None:  # taken over before its first checkpoint: its run goes on (a checkpoint's state replaces this)
+        if run_id is not None:  # taken over before a checkpoint: its run goes on (a checkpoint's state replaces this)
             tracker.load_state_dict({'run': run_id, 'rows': 0, 'best': [None, None]})
-        added = learn.add_cbs([tracker, Checkpointer(folder, every_eval=True, keep_last=1, keep_best=1, monitor=self.monitor,
-                                                     mode=self.mode), TrialReport(trial, self.monitor, self._stopping, self.listeners)])
+        checkpointer = Checkpointer(folder, every_eval=True, keep_last=1, keep_best=1, monitor=self.monitor,
+                                    mode=self.mode)
+        added = learn.add_cbs([tracker, checkpointer, TrialReport(trial, self.monitor, self._stopping, self.listeners)])
         try: learn.fit(**self.fit, resume=True if resumed else None)
         finally: learn.remove_cbs(added)
         return learn, tracker
@@ -430,17 +452,18 @@ class Study:
     def _tell(self, trial, value=None, state=None):
         from optuna.trial import TrialState
         try:
-            with quiet_optuna(): self.optuna_study().tell(trial, value, state=None if state is None else TrialState[state])
-        except RuntimeError as e:  # the grid sampler stops "the optimize loop" when its grid is done; the trial was stored
+            with quiet_optuna(): self.optuna_study().tell(trial, value, state=state and TrialState[state])
+        except RuntimeError as e:  # the grid sampler stops "the optimize loop" at the grid's end; the trial is stored
             if 'Study.stop' not in str(e): raise
 
     def run_async(self, trials=None):
-        "Run the study in a worker thread, so that its table's Stop button works in Jupyter: `await` it, or let it run in the background."
+        "Run the study in a worker thread, so that its Stop button works in Jupyter: `await` it, or let it run."
         done = concurrent.futures.Future()
         def work():
             try: done.set_result(self.run(trials))
             except BaseException as e: done.set_exception(e)
-        thread = threading.Thread(target=contextvars.copy_context().run, args=(work,), name='nbtrainer-study', daemon=True)
+        context = contextvars.copy_context()
+        thread = threading.Thread(target=context.run, args=(work,), name='nbtrainer-study', daemon=True)
         thread.start()  # in the caller's context: the table shows in the calling cell
         async def wait():
             try:
@@ -476,7 +499,7 @@ def best(self):
 
 @patch_to(Study)
 def load(self, run=None, checkpoint='best'):
-    "A Learner `build` makes with the parameters of `run` (default: the best trial), loaded from its best (or 'latest') checkpoint."
+    "The Learner of `run` (default: the best trial) from `build`, loaded from its 'best' or 'latest' `checkpoint`."
     if self.build is None: raise ValueError('load needs build=: the study makes the Learner with it')
     run = run or self.best
     kept = Checkpointer(self.trial_folder(run.config['trial']))
@@ -484,14 +507,14 @@ def load(self, run=None, checkpoint='best'):
     if path is None: raise ValueError(f"trial {run.config['trial']} kept no {checkpoint} checkpoint in {kept.folder}")
     seed_trial(self.seed, run.config['trial'])
     learn = self.build(self.params(run))
-    with warnings.catch_warnings():  # the trial's Tracker and Checkpointer were the study's: not this Learner's to restore
+    with warnings.catch_warnings():  # the trial's Tracker and Checkpointer were the study's: not this Learner's
         warnings.filterwarnings('ignore', message='.*has state for callbacks this Learner lacks')
         learn.load(path)
     return learn
 
 @patch_to(Study)
 def fork(self, run, step, cbs=()):
-    "The trial of `run` as it was after its evaluation at `step`, in a Learner `build` makes (with `cbs` added): its next fit is a branch."
+    "Trial `run` as after its evaluation at `step`, in a Learner `build` makes (with `cbs`): its next fit is a branch."
     if self.build is None: raise ValueError('fork needs build=: the study makes the Learner with it')
     def make():
         learn = self.build(self.params(run))
@@ -506,8 +529,8 @@ def _cell(v):
     if isinstance(v, float): return f'{v:.4g}'
     return str(v)
 
-_STATUS_COLOR = {'running': '#1f77b4', 'finished': '#2ca02c', 'pruned': '#8c564b', 'stopped': '#ff7f0e', 'failed': '#d62728',
-                 'died': '#7f7f7f', 'preempted': '#9467bd'}
+_STATUS_COLOR = {'running': '#1f77b4', 'finished': '#2ca02c', 'pruned': '#8c564b', 'stopped': '#ff7f0e',
+                 'failed': '#d62728', 'died': '#7f7f7f', 'preempted': '#9467bd'}
 
 def _sparkline(points, scale, span, width=90, height=18):
     "A small inline SVG curve of (step, value) points, on the study's common scales (so that rows compare)."
@@ -517,8 +540,8 @@ def _sparkline(points, scale, span, width=90, height=18):
     x = lambda s: 1 + (width - 2) * (s - s0) / ((s1 - s0) or 1)
     y = lambda v: 1 + (height - 2) * (1 - (v - lo) / ((hi - lo) or 1))
     line = ' '.join(f'{x(s):.1f},{y(v):.1f}' for s, v in points)
-    return (f'<svg width="{width}" height="{height}" style="vertical-align:middle"><polyline points="{line}" fill="none" '
-            f'stroke="currentColor" stroke-width="1.2"/></svg>')
+    return (f'<svg width="{width}" height="{height}" style="vertical-align:middle">'
+            f'<polyline points="{line}" fill="none" stroke="currentColor" stroke-width="1.2"/></svg>')
 
 @patch_to(Study)
 def table(self, found=None):
@@ -527,10 +550,12 @@ def table(self, found=None):
     best = next(iter(self.ranked(found)), None)
     rows = []
     for r in found:
-        curve = [(row['step'], v) for row in r.history if isinstance(v := monitored_value(row, self.monitor), (int, float))]
-        rows.append({'trial': r.config['trial'], 'status': 'stopped (resumes)' if r.status == 'stopped' and r.message in _RESUMED
-                     else r.status, **{n: r.config.get(n) for n in self.searched}, f'best {self.monitor}': r.best['value'],
-                     'at step': r.best['step'], 'run': r.id, 'curve': curve, 'best': r is best, 'message': r.message})
+        values = [(row['step'], monitored_value(row, self.monitor)) for row in r.history]
+        status = 'stopped (resumes)' if r.status == 'stopped' and r.message in _RESUMED else r.status
+        rows.append({'trial': r.config['trial'], 'status': status, **{n: r.config.get(n) for n in self.searched},
+                     f'best {self.monitor}': r.best['value'], 'at step': r.best['step'], 'run': r.id,
+                     'curve': [(s, v) for s, v in values if isinstance(v, (int, float))], 'best': r is best,
+                     'message': r.message})
     return ['trial', 'status', *self.searched, f'best {self.monitor}', 'at step', 'run', 'curve'], rows
 
 @patch_to(Study)
@@ -544,14 +569,16 @@ def _repr_html_(self):
     for row in rows:
         cells = [html.escape(_cell(row[c])) for c in columns[:-1]]
         title = f' title="{html.escape(row["message"])}"' if row['message'] else ''
-        cells[1] = f'<span style="color:{_STATUS_COLOR.get(row["status"].split()[0], "inherit")}"{title}>{cells[1]}</span>'
+        color = _STATUS_COLOR.get(row['status'].split()[0], 'inherit')
+        cells[1] = f'<span style="color:{color}"{title}>{cells[1]}</span>'
         bold = ' style="font-weight:bold"' if row['best'] else ''
         body.append(f'<tr{bold}>'
                     + ''.join(f'<td style="text-align:left">{c}</td>' for c in cells)
                     + f'<td>{_sparkline(row["curve"], scale, span)}</td></tr>')
     done = sum(r['status'] in ('finished', 'pruned') for r in rows)
-    caption = (f'study {self.name}: {len(rows)} trials, {done} finished or pruned' + (f' of {self.trials}' if self.trials else '')
-               + f'; the best in bold; curves: {self.monitor} by step')
+    of = f' of {self.trials}' if self.trials else ''
+    caption = (f'study {self.name}: {len(rows)} trials, {done} finished or pruned{of}; the best in bold; '
+               f'curves: {self.monitor} by step')
     head = ''.join(f'<th style="text-align:left">{html.escape(c)}</th>' for c in columns)
     return (f'<table class="nbtrainer-study"><caption style="text-align:left">{html.escape(caption)}</caption>'
             f'<thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
@@ -568,7 +595,7 @@ def __repr__(self):
 
 # %% ../nbs/19_study.ipynb #796da9e3
 class StudyDisplay:
-    "The study's table while it runs: a widget with a Stop button in Jupyter (then a static table), a line per trial in a terminal."
+    "The study's table as it runs: a widget with Stop in Jupyter (then a static table), a line per trial in a terminal."
     def __init__(self, study, display=None):
         from nbtrainer.dashboard import display_kind
         self.study, self.kind = study, 'none' if display is False else display_kind(display)
@@ -585,16 +612,18 @@ class StudyDisplay:
         import ipywidgets as W
         from nbtrainer.progress import display_widget
         self.table, self.note = W.HTML(self.study._repr_html_()), W.HTML()
-        self.button = W.Button(description='Stop', button_style='danger', tooltip='end the running trial (it resumes later) and start no new one')
+        self.button = W.Button(description='Stop', button_style='danger',
+                               tooltip='end the running trial (it resumes later) and start no new one')
         def stop(_):
             self.study.stop()
             self.note.value = 'stopping: the running trial ends at its next batch'
         self.button.on_click(stop)
         if threading.current_thread() is threading.main_thread():  # a click would wait until the cell ends
             self.button.disabled = True
-            self.note.value = 'Stop works with <code>await study.run_async()</code>; interrupt the kernel to stop this run'
+            self.note.value = 'Stop works with <code>await study.run_async()</code>; interrupt the kernel to stop this'
         self.widget = W.VBox([W.HBox([self.button, self.note]), self.table])
-        self.handle = display_widget(self.widget, f'study {self.study.name}: live table (the static table replaces it at the end)')
+        text = f'study {self.study.name}: live table (the static table replaces it at the end)'
+        self.handle = display_widget(self.widget, text)
 
     def update(self, final=False):
         if not final and now() - self.last < 0.5: return  # at most twice a second: each refresh reads the registry
@@ -613,7 +642,8 @@ class StudyDisplay:
             self.printed[row['trial']] = row['status']
             if quiet: continue
             params = ' '.join(f'{n}={_cell(row[n])}' for n in self.study.searched)
-            print(f"trial {row['trial']} {row['status']}: best {self.study.monitor} {_cell(row[f'best {self.study.monitor}'])} "
+            value = _cell(row[f'best {self.study.monitor}'])
+            print(f"trial {row['trial']} {row['status']}: best {self.study.monitor} {value} "
                   f"at step {_cell(row['at step'])}; {params}", flush=True)
 
     def close(self):
@@ -628,7 +658,7 @@ class StudyDisplay:
 def _x(p, v): return str(v) if p.kind == 'choice' else v  # choices on a categorical axis
 
 def _groups(p, points, bins=None):
-    "Points (x, value) grouped for the isolation plot: by value for choices and small int ranges, else in `bins` bins of the range."
+    "(x, value) points grouped for the isolation plot: by value (choices, small int ranges), else in `bins` bins."
     values = sorted({x for x, _ in points}, key=lambda v: (str(type(v)), v))
     if p.kind == 'choice' or (p.kind == 'int' and len(values) <= (bins or 8)):
         return [[xy for xy in points if xy[0] == v] for v in values]
@@ -654,8 +684,9 @@ def _scatter(self, ax, name, found, complete):
     "Every trial's value against parameter `name`: complete ones as dots, pruned ones as crosses."
     p = self.space[name]
     for kind, marker, color in (('complete', 'o', 'tab:gray'), ('pruned', 'x', 'tab:orange')):
-        pts = [(_x(p, r.config[name]), r.best['value']) for r in found if name in r.config and r.best['value'] is not None
-               and math.isfinite(r.best['value']) and (r in complete if kind == 'complete' else r.status == 'pruned')]
+        pts = [(_x(p, r.config[name]), r.best['value']) for r in found
+               if name in r.config and r.best['value'] is not None and math.isfinite(r.best['value'])
+               and (r in complete if kind == 'complete' else r.status == 'pruned')]
         if pts: ax.plot([x for x, _ in pts], [y for _, y in pts], marker, color=color, alpha=0.6, ms=5, ls='none',
                         label='trials' if kind == 'complete' else 'pruned (value when pruned)')
     if p.log: ax.set_xscale('log')
@@ -664,8 +695,8 @@ def _scatter(self, ax, name, found, complete):
 
 @patch_to(Study)
 def plot_isolation(self, params=None, bins=None, path=None):
-    """The playbook's isolation plot: for each scientific parameter (or `params`), the best value in each bin of its range,
-    the nuisance parameters optimized within the bin, over every trial's value. Saves a PNG to `path` if given."""
+    """The playbook's isolation plot: for each scientific parameter (or `params`), the best value in each bin of its
+    range, the nuisance parameters optimized within the bin, over every trial's value. A PNG to `path`, if given."""
     params = params or [n for n, p in self.searched.items() if p.role == 'scientific'] or list(self.searched)
     found = self.runs()
     complete = self.ranked(found)
@@ -685,17 +716,20 @@ def plot_isolation(self, params=None, bins=None, path=None):
 # %% ../nbs/19_study.ipynb #3b1e449d
 @patch_to(Study)
 def near_bounds(self, top=3, margin=0.1):
-    "The searched numeric parameters where one of the `top` best trials lies within `margin` of a bound (a share of the range, on its scale): {name: 'low' | 'high' | 'both'}."
+    """The searched numeric parameters where one of the `top` best trials lies within `margin` of a bound (a share of
+    the range, on its scale), and which: {name: 'low' | 'high' | 'both'}."""
     best, out = self.ranked()[:top], {}
     for name, p in self.searched.items():
         where = [x for r in best if name in r.config and (x := p.position(r.config[name])) is not None]
-        sides = [side for side, near in (('low', any(x <= margin for x in where)), ('high', any(x >= 1 - margin for x in where))) if near]
+        sides = [side for side, near in (('low', any(x <= margin for x in where)),
+                                          ('high', any(x >= 1 - margin for x in where))) if near]
         if sides: out[name] = sides[0] if len(sides) == 1 else 'both'
     return out
 
 @patch_to(Study)
 def plot_params(self, params=None, top=3, margin=0.1, path=None):
-    "Every trial's value against each searched parameter (or `params`), the space's bounds dashed and the `top` best trials starred: are the best at an edge?"
+    """Every trial's value against each searched parameter (or `params`), the space's bounds dashed and the `top` best
+    trials starred: are the best at an edge?"""
     params = params or list(self.searched)
     found = self.runs()
     complete, edges = self.ranked(found), self.near_bounds(top, margin)
@@ -704,7 +738,8 @@ def plot_params(self, params=None, top=3, margin=0.1, path=None):
         p = self.space[name]
         self._scatter(ax, name, found, complete)
         tops = [(_x(p, r.config[name]), r.best['value']) for r in complete[:top] if name in r.config]
-        ax.plot([x for x, _ in tops], [y for _, y in tops], '*', color='tab:red', ms=12, ls='none', label=f'best {len(tops)}')
+        ax.plot([x for x, _ in tops], [y for _, y in tops], '*', color='tab:red', ms=12, ls='none',
+                label=f'best {len(tops)}')
         if p.kind in ('float', 'int'):
             for bound in (p.low, p.high): ax.axvline(bound, color='gray', ls='--', lw=1)
         warn = f': best near the {edges[name]} bound' if name in edges else ''

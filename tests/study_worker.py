@@ -16,13 +16,14 @@ from nbtrainer.demo import digits_loaders, digits_model
 from nbtrainer.study import Fixed, Float, Study
 
 NAME, SEED, TRIALS, FIT = 'digits-parallel', 7, 8, dict(steps=60, eval_every=15)
-SPACE = dict(lr=Float(1e-3, 1.0, log=True, role='scientific'), weight_decay=Float(1e-6, 1e-2, log=True, role='scientific'),
+SPACE = dict(lr=Float(1e-3, 1.0, log=True, role='scientific'),
+             weight_decay=Float(1e-6, 1e-2, log=True, role='scientific'),
              momentum=Float(0.5, 0.99), hidden=Fixed(32))
 UPPER = 2.25  # the threshold pruner's bound on valid_loss: a trial above it at an evaluation is pruned there
 
 
 class KillAt(Callback):
-    "SIGKILL this process after training step `step`, or (`step=None`) at the first evaluation, once the Checkpointer saved it."
+    "SIGKILL this process after training step `step`, or (None) at the first evaluation, once the Checkpointer saved."
     order = Order.SAVE + 1  # after the Checkpointer, before the study's TrialReport
 
     def __init__(self, step=None): self.step = step
@@ -48,8 +49,10 @@ def study(db, kill=None):
         train, valid = digits_loaders(seed=0)
         def sgd(parameters, lr):
             return torch.optim.SGD(parameters, lr=lr, momentum=params['momentum'], weight_decay=params['weight_decay'])
-        cbs = [KillAt(kill['step'])] if kill and 'step' in kill else [KillAt()] if kill and len(builds) == kill['trial'] else []
-        return Learner(digits_model(hidden=params['hidden']), train, valid, lr=params['lr'], opt_func=sgd, progress=False, cbs=cbs)
+        if not kill: cbs = []
+        else: cbs = [KillAt(kill['step'])] if 'step' in kill else [KillAt()] if len(builds) == kill['trial'] else []
+        model = digits_model(hidden=params['hidden'])
+        return Learner(model, train, valid, lr=params['lr'], opt_func=sgd, progress=False, cbs=cbs)
 
     return Study(NAME, SPACE, build, trials=TRIALS, fit=FIT, db=db, seed=SEED, pruner=pruner(), display=False)
 
