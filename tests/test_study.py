@@ -17,9 +17,21 @@ from study_worker import FIT, NAME, SEED, TRIALS, UPPER, study
 WORKER = [sys.executable, str(ROOT / 'tests' / 'study_worker.py')]
 
 
+STARTED = []  # the workers a test started: any still running when it ends is killed (a failed test leaves none)
+
+
+@pytest.fixture(autouse=True)
+def no_worker_left():
+    yield
+    for proc in STARTED:
+        if proc.poll() is None: proc.kill()
+    STARTED.clear()
+
+
 def worker(db, kill=None):
     config = json.dumps({'db': str(db), 'kill': kill})
-    return subprocess.Popen(WORKER + [config], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    STARTED.append(subprocess.Popen(WORKER + [config], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return STARTED[-1]
 
 
 def ended(proc, timeout=600):
@@ -95,8 +107,8 @@ def test_a_study_in_two_processes_killed_and_resumed_ends_as_an_uninterrupted_on
     # plain Optuna, same sampler, seed and pruner, fed the recorded values: the same parameters, pruned at the same step
     plain = plain_optuna(found)
     assert [t.params for t in plain] == [{k: resumed.params(r)[k] for k in plain[0].params} for r in found]
-    ended = lambda trials: [(t.state, max(t.intermediate_values)) for t in trials]
-    assert ended(plain) == ended(got)
+    outcomes = lambda trials: [(t.state, max(t.intermediate_values)) for t in trials]
+    assert outcomes(plain) == outcomes(got)
 
     # the plots, in a fresh process, from the registry alone (Optuna's journal moved away)
     shutil.move(resumed.folder / 'optuna.journal', tmp_path / 'journal')
