@@ -6,8 +6,8 @@ Docs: https://nbtrainer.github.io/nbtrainer/study.html.md"""
 
 # %% auto #0
 __all__ = ['ROLES', 'KINDS', 'SAMPLERS', 'PRUNERS', 'STOP_MESSAGE', 'Param', 'Float', 'Int', 'Choice', 'Fixed', 'check_space',
-           'quiet_optuna', 'make_sampler', 'make_pruner', 'trial_seed', 'seed_trial', 'TrialPruned', 'StudyStopped',
-           'TrialReport', 'Study', 'StudyDisplay']
+           'import_optuna', 'quiet_optuna', 'make_sampler', 'make_pruner', 'trial_seed', 'seed_trial', 'TrialPruned',
+           'StudyStopped', 'TrialReport', 'Study', 'StudyDisplay']
 
 # %% ../nbs/19_study.ipynb #ebe3010a
 import asyncio, concurrent.futures, contextlib, contextvars, fcntl, hashlib, html, json, math, os, random, re, threading
@@ -62,6 +62,7 @@ class Param:
 
     def distribution(self):
         "The Optuna distribution this parameter is drawn from."
+        import_optuna()
         from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
         if self.kind == 'float': return FloatDistribution(self.low, self.high, log=self.log, step=self.step)
         if self.kind == 'int': return IntDistribution(self.low, self.high, log=self.log, step=self.step or 1)
@@ -71,7 +72,7 @@ class Param:
     def grid(self):
         "The values a grid search tries: the choices, every int of the range (by its step), or a float range's steps."
         if self.kind == 'choice': return list(self.choices)
-        if self.kind == 'int' and not self.log: return list(range(self.low, self.high + 1, self.step or 1))
+        if self.kind == 'int': return list(range(self.low, self.high + 1, self.step or 1))
         if self.kind == 'float' and self.step is not None:
             n = int(math.floor((self.high - self.low) / self.step + 1e-9))
             return [self.low + i * self.step for i in range(n + 1)]
@@ -138,10 +139,19 @@ def check_space(space):
 SAMPLERS = ('qmc', 'tpe', 'grid', 'random')
 PRUNERS = ('median', 'halving', None)
 
+def import_optuna():
+    "Optuna, imported when a study first needs it; one clear error without it, or with a version before 5."
+    try: import optuna
+    except ImportError as e: raise ImportError("nbtrainer's studies need Optuna: pip install 'nbtrainer[study]'") from e
+    if int(optuna.__version__.split('.')[0]) < 5:
+        raise ImportError(f"nbtrainer's studies need Optuna 5 or later, found {optuna.__version__}: "
+                          "pip install -U 'nbtrainer[study]'")
+    return optuna
+
 @contextlib.contextmanager
 def quiet_optuna():
     "Optuna without its INFO lines (one per trial: the study's table says it) and experimental warnings, in the block."
-    import optuna
+    optuna = import_optuna()
     saved = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
@@ -152,7 +162,7 @@ def quiet_optuna():
 
 def make_sampler(sampler, space, seed=0):
     "The Optuna sampler for `sampler`: 'qmc' (scrambled Sobol), 'tpe', 'grid', 'random', or an Optuna sampler as it is."
-    import optuna
+    optuna = import_optuna()
     if not isinstance(sampler, str): return sampler
     with quiet_optuna():
         if sampler == 'qmc': return optuna.samplers.QMCSampler(qmc_type='sobol', scramble=True, seed=seed)
@@ -164,7 +174,7 @@ def make_sampler(sampler, space, seed=0):
 
 def make_pruner(pruner):
     "The Optuna pruner for `pruner`: 'median', 'halving' (successive halving), None (never), or an Optuna pruner."
-    import optuna
+    optuna = import_optuna()
     if pruner is None: return optuna.pruners.NopPruner()
     if not isinstance(pruner, str): return pruner
     if pruner == 'median': return optuna.pruners.MedianPruner()
@@ -313,7 +323,7 @@ class Study:
                 'sampler': _label(self.sampler), 'seed': self.seed, 'pruner': _label(self.pruner), 'fit': self.fit}
 
     def _storage(self):
-        import optuna
+        optuna = import_optuna()
         if self.storage == 'journal':
             from optuna.storages.journal import JournalFileBackend
             return optuna.storages.JournalStorage(JournalFileBackend(str(self.folder / 'optuna.journal')))
@@ -326,7 +336,7 @@ class Study:
     def optuna_study(self):
         "The Optuna study behind this one, made in its storage the first time, checked to have the same settings after."
         if self._study is not None: return self._study
-        import optuna
+        optuna = import_optuna()
         self.folder.mkdir(parents=True, exist_ok=True)
         with quiet_optuna(), _locked(self.folder / '.lock'):
             study = optuna.create_study(study_name=self.name, storage=self._storage(), load_if_exists=True,
@@ -386,7 +396,7 @@ class Study:
 
     def _claim_next(self):
         "(Optuna trial, number, params, resumed, lock) of the trial this process runs next; None: the study has enough."
-        import optuna
+        optuna = import_optuna()
         from optuna.trial import TrialState
         study = self.optuna_study()
         with quiet_optuna(), _locked(self.folder / '.lock'):  # one process at a time asks, or takes over a trial
