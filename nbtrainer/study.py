@@ -226,12 +226,14 @@ class TrialReport(Callback):
         return new
 
     def _decide(self, new, row):
-        "Ask the pruner about the value just reported (rank 0's answer, under DDP); end the trial if it says so."
-        prune = self.trial is not None and new and self.trial.should_prune()
-        if self.learn.strategy.distributed: prune = self.learn.strategy.broadcast_object(prune)
+        "Ask the pruner about the value just reported; end the trial if it says so, or if the study is stopping."
         for listener in list(self.listeners): listener()
+        prune, stop = self.trial is not None and new and self.trial.should_prune(), self.stopping.is_set()
+        if self.learn.strategy.distributed:  # rank 0's answers, on every rank: all end at this evaluation
+            prune, stop = self.learn.strategy.broadcast_object((prune, stop))
         if prune:
             raise TrialPruned(f"pruned at step {row['step']}: {self.monitor} {monitored_value(row, self.monitor):.4g}")
+        if stop: raise StudyStopped(STOP_MESSAGE)
 
     def before_fit(self):
         "Note the trial's run. Resumed: report what its checkpoint holds and the lost process had not; decide once."
@@ -247,8 +249,8 @@ class TrialReport(Callback):
         row = self.learn.eval_row
         self._decide(self.trial is not None and self._report([row]), row)
 
-    def after_batch(self):
-        if self.stopping.is_set(): raise StudyStopped(STOP_MESSAGE)
+    def after_batch(self):  # under DDP a stop waits for the next evaluation, where every rank learns of it
+        if self.stopping.is_set() and not self.learn.strategy.distributed: raise StudyStopped(STOP_MESSAGE)
 
 # %% ../nbs/19_study.ipynb #41c01d9c
 @contextlib.contextmanager

@@ -125,7 +125,7 @@ def test_a_study_in_two_processes_killed_and_resumed_ends_as_an_uninterrupted_on
     for path in png.values(): assert open(path, 'rb').read(4) == b'\x89PNG'
 
 
-def one_trial_job(db):
+def one_trial_job(db, name='ddp', stop=False):
     "What a torchrun job of a study runs: one trial, on every rank; each rank's Learner step at the end."
     import torch.distributed as dist
     from nbtrainer.study import Float, Study
@@ -134,9 +134,11 @@ def one_trial_job(db):
     def build(params):
         built.append(synth_learner(n=64, bs=16, lr=params['lr']))
         return built[-1]
-    always = optuna.pruners.ThresholdPruner(upper=0.0)  # every loss is above 0: pruned at the first evaluation
-    study = Study('ddp', dict(lr=Float(1e-3, 0.1, log=True)), build, trials=2, fit=dict(epochs=3), db=db, seed=1,
-                  pruner=always, display=False)
+    # 'ddp': every loss is above 0, so each trial is pruned at its first evaluation; 'ddp-stop': never pruned
+    pruner = optuna.pruners.ThresholdPruner(upper=0.0) if name == 'ddp' else None
+    study = Study(name, dict(lr=Float(1e-3, 0.1, log=True)), build, trials=2 if name == 'ddp' else 1,
+                  fit=dict(epochs=3), db=db, seed=1, pruner=pruner, display=False)
+    if stop and dist.get_rank() == 0: study.listeners.append(study.stop)  # Stop clicked on rank 0, in the trial
     study.run(trials=1)
     steps = [None] * dist.get_world_size()
     dist.all_gather_object(steps, [learn.step for learn in built])
@@ -147,7 +149,7 @@ def one_trial_job(db):
 @pytest.mark.distributed
 def test_one_torchrun_job_per_trial(tmp_path):
     from nbtrainer.distributed import launch
-    from nbtrainer.study import Study
+    from nbtrainer.study import STOP_MESSAGE, Study
     db = tmp_path / 'runs.db'
     first, second = launch(one_trial_job, nprocs=2, args=(db,)), launch(one_trial_job, nprocs=2, args=(db,))
     assert first == second == [[2], [2]]  # rank 1 took rank 0's pruning decision: both stopped at the first evaluation
@@ -160,3 +162,12 @@ def test_one_torchrun_job_per_trial(tmp_path):
     plain = optuna.create_study(sampler=sampler)
     plain.optimize(lambda t: t.suggest_float('lr', 1e-3, 0.1, log=True), n_trials=2)
     assert [r.config['lr'] for r in found] == [t.params['lr'] for t in plain.trials]
+
+    # Stop on rank 0: every rank ends the trial at the same evaluation; the next job resumes it on both ranks
+    assert launch(one_trial_job, nprocs=2, args=(db, 'ddp-stop', True)) == [[2], [2]]
+    stopped, = Study('ddp-stop', db=db).runs()
+    assert (stopped.status, stopped.message, stopped.history[-1]['step']) == ('stopped', STOP_MESSAGE, 2)
+    assert launch(one_trial_job, nprocs=2, args=(db, 'ddp-stop')) == [[6], [6]]
+    resumed, = Study('ddp-stop', db=db).runs()
+    assert (resumed.id, resumed.status, resumed.resumes, [r['step'] for r in resumed.history]) == \
+        (stopped.id, 'finished', 1, [2, 4, 6])
