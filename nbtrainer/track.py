@@ -396,6 +396,7 @@ class Tracker(Callback):
             status = _STATUS.get(learn.fit_outcome, 'failed')
             message = None if error is None else (str(error) if status in ('stopped', 'preempted') and not isinstance(error, KeyboardInterrupt)
                                                   else f'{type(error).__name__}: {error}'.rstrip(': '))
+            if status == 'stopped' and isinstance(getattr(error, 'run_status', None), str): status = error.run_status  # 'pruned'
             now = wall()
             self._write(('UPDATE runs SET status = ?, message = ?, ended = ?, heartbeat = ? WHERE id = ?',
                          (status, message or None, now, now, self.run_id)))
@@ -622,7 +623,7 @@ def _printable(text):
     return _CONTROL.sub(lambda m: m[0].encode('unicode_escape').decode(), text)
 
 _STATUS_COLORS = {'running': '#1f77b4', 'finished': '#2ca02c', 'stopped': '#ff7f0e', 'preempted': '#9467bd', 'failed': '#d62728',
-                  'died': '#7f7f7f'}
+                  'died': '#7f7f7f', 'pruned': '#8c564b'}
 
 class Runs(list):
     "A list of `Run`s that shows as a table (HTML in Jupyter, text elsewhere), plots their curves and picks the best."
