@@ -8,12 +8,13 @@ Docs: https://nbtrainer.github.io/nbtrainer/recorder.html.md"""
 __all__ = ['Column', 'RunColumn', 'smoothing_beta', 'smooth', 'Recorder', 'monitored_value', 'check_monitor', 'SkipNonFinite']
 
 # %% ../nbs/00d_recorder.ipynb #64391e35
-import array, bisect, contextlib, functools, json, math, operator, time
+import array, bisect, contextlib, functools, json, math, operator
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from . import clock
 from .callback import Callback, CancelBatchException, NonFiniteLossError, Order
 from .metrics import computed, metric_name, state_leaves
 
@@ -215,16 +216,16 @@ class Recorder(Callback):
         return Column(restored, integer=integer, appended=appended, check=self._check_restored)
 
     def before_fit(self):
-        self._start, self._held = time.perf_counter(), 0.0
+        self._start, self._held = clock.now(), 0.0
+        if self.smoothing is None:  # the curve's length at the end of this fit
+            self.beta = smoothing_beta(self.learn.fit_start[1] + (self.learn.n_steps or 0))
 
     @contextlib.contextmanager
     def held(self):
         "Time spent in this block (a paused fit) is not training time: the rows' `time` leaves it out."
-        start = time.perf_counter()
+        start = clock.now()
         try: yield
-        finally: self._held += time.perf_counter() - start
-        if self.smoothing is None:  # the curve's length at the end of this fit
-            self.beta = smoothing_beta(self.learn.fit_start[1] + (self.learn.n_steps or 0))
+        finally: self._held += clock.now() - start
 
     def after_loss(self):
         learn = self.learn
@@ -285,7 +286,7 @@ class Recorder(Callback):
         if len(set(lrs)) > 1: row['lrs'] = lrs  # each group's, where they differ
         if learn.grad_norm is not None: row['grad_norm'] = float(learn.grad_norm)  # clipping's, read once per row
         if learn.precision.scaler is not None: row['skipped_steps'] = learn.skipped_steps  # fp16's, read once per row
-        row['time'] = time.perf_counter() - self._start - self._held
+        row['time'] = clock.now() - self._start - self._held
         self.history.append(row)
         return row
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from . import clock
 from .callback import Callback, Order
 from .distributed import world_size
 from .loggers import loss_windows
@@ -188,7 +189,7 @@ class _Heartbeat(threading.Thread):
             while not self.done.wait(self.every):
                 con = con or connect(self.db)  # at the first beat: a short fit never opens it
                 with transaction(con):
-                    con.execute("UPDATE runs SET heartbeat = ? WHERE id = ? AND status = 'running'", (time.time(), self.run_id))
+                    con.execute("UPDATE runs SET heartbeat = ? WHERE id = ? AND status = 'running'", (clock.wall(), self.run_id))
         except Exception as e:  # never take the fit down; the run may read as died later, which is the truth it can tell
             warnings.warn(f'the Tracker heartbeat of run {self.run_id} stopped: {type(e).__name__}: {e}')
         finally:
@@ -241,7 +242,7 @@ class Tracker(Callback):
         self._heartbeat.start()
 
     def _start(self):
-        learn, now = self.learn, time.time()
+        learn, now = self.learn, clock.wall()
         notebook = notebook_path()
         commit, dirty = git_state(Path(notebook).parent if notebook and Path(notebook).parent.is_dir() else None)
         config = {**fit_config(learn), **{k: _plain(v) for k, v in self.config.items()}}
@@ -266,7 +267,7 @@ class Tracker(Callback):
             last = con.execute('SELECT row FROM evals WHERE run = ? ORDER BY seq DESC LIMIT 1', (run_id,)).fetchone()
             con.execute("UPDATE runs SET status = 'running', message = NULL, ended = NULL, heartbeat = ?, beat_every = ?, "
                         'host = ?, best_value = ?, best_step = ?, final = ?, resumes = resumes + 1 WHERE id = ?',
-                        (time.time(), self.beat_every, socket.gethostname(), *state['best'], last and last[0], run_id))
+                        (clock.wall(), self.beat_every, socket.gethostname(), *state['best'], last and last[0], run_id))
         self.run_id, self._rows, self._best = run_id, rows, tuple(state['best'])
         return True
 
@@ -281,7 +282,7 @@ class Tracker(Callback):
         with transaction(self._con) as con:
             con.execute('INSERT INTO evals (run, seq, step, row) VALUES (?, ?, ?, ?)', (self.run_id, self._rows, row['step'], text))
             con.execute('UPDATE runs SET best_value = ?, best_step = ?, final = ?, heartbeat = ? WHERE id = ?',
-                        (*self._best, text, time.time(), self.run_id))
+                        (*self._best, text, clock.wall(), self.run_id))
         self._rows += 1
 
     def after_fit(self):
@@ -293,7 +294,7 @@ class Tracker(Callback):
             status = _STATUS.get(learn.fit_outcome, 'failed')
             message = None if error is None else (str(error) if status in ('stopped', 'preempted') and not isinstance(error, KeyboardInterrupt)
                                                   else f'{type(error).__name__}: {error}'.rstrip(': '))
-            now = time.time()
+            now = clock.wall()
             with transaction(self._con) as con:
                 con.execute('UPDATE runs SET status = ?, message = ?, ended = ?, heartbeat = ? WHERE id = ?',
                             (status, message or None, now, now, self.run_id))
@@ -436,7 +437,7 @@ def _read(db, where='', params=(), stale_after=None):
     with closing(connect(db)) as con, _clear_errors(db):
         con.row_factory = sqlite3.Row
         rows = con.execute(f'SELECT * FROM runs {where} ORDER BY id DESC', params).fetchall()
-    now = time.time()
+    now = clock.wall()
     return Runs(Run(db, r, now, stale_after) for r in rows)
 
 def runs(db='runs/experiments.db', study=None, stale_after=None):
@@ -669,7 +670,7 @@ class MLflowLogger(Callback):
     def _log(self, points):
         "Log [(key, value, step)] in batches, less the points the run already has."
         from mlflow.entities import Metric
-        now = int(time.time() * 1000)
+        now = int(clock.wall() * 1000)
         metrics = [Metric(k, float(v), now, int(s)) for k, v, s in points if (k, s) not in self._done]
         for i in range(0, len(metrics), 1000): self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
 
