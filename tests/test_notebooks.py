@@ -22,12 +22,14 @@ def code_cells(path): return [c for c in nbformat.read(path, as_version=4).cells
 
 @pytest.mark.parametrize('path', MODULE_NOTEBOOKS, ids=ids(MODULE_NOTEBOOKS))
 def test_hidden_tests_close_the_notebook(path):
+    "Every module notebook ends with its edge cases: hidden test cells in a closing `## Tests` section."
     cells = nbformat.read(path, as_version=4).cells
     tests = [i for i, c in enumerate(cells) if c.cell_type == 'markdown' and re.search(r'(?m)^## Tests\s*$', c.source)]
-    hidden_tests = [i for i, c in enumerate(cells) if hidden(c)][1:]  # the first hidden cell sets the notebook up
-    if not hidden_tests: return
-    assert tests, f'{path.name}: hidden tests but no "## Tests" section'
-    assert all(i > tests[-1] for i in hidden_tests), f'{path.name}: hidden test cells before its "## Tests" section'
+    assert tests, f'{path.name}: no "## Tests" section'
+    hidden_cells = [i for i, c in enumerate(cells) if hidden(c)]
+    before, after = [i for i in hidden_cells if i < tests[-1]], [i for i in hidden_cells if i > tests[-1]]
+    assert len(before) <= 1, f'{path.name}: hidden test cells before its "## Tests" section'  # one may set it up
+    assert after, f'{path.name}: no hidden test cell (#| hide) in its "## Tests" section'
     later = [c for c in cells[tests[-1] + 1:] if c.cell_type == 'markdown' and re.search(r'(?m)^## ', c.source)]
     assert not later, f'{path.name}: sections after "## Tests"'
 
