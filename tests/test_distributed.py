@@ -16,7 +16,8 @@ from conftest import ROOT
 from nbtrainer import Callback, ConfusionMatrix, Learner, NonFiniteLossError, launch, rank, request_stop, world_size
 from nbtrainer.callback import dispatch_tables
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or sys.platform != 'linux', reason='needs torch.distributed and fork')
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600),
+              pytest.mark.skipif(not dist.is_available() or sys.platform != 'linux', reason='needs torch.distributed and fork')]
 
 B, SEED = 4, 5  # per-rank batch size; the loader's shuffle seed
 

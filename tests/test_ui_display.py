@@ -14,9 +14,12 @@ Every wait is on a condition with a deadline."""
 import re, subprocess, time
 
 import nbformat
+import pytest
 
 from conftest import BIN
 from test_ui import ARGS, ARTIFACTS, CHROMIUM, cell, lab_server, open_notebook, output, run_cell, slow_mlp
+
+pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]  # JupyterLab in Chromium: minutes on a busy machine
 
 CELLS = [
     slow_mlp(0.02) + '''from nbtrainer import Learner
