@@ -1,4 +1,9 @@
-import pathlib, shutil, sys
+import os, pathlib, shutil, sys
+
+# One thread per process: the tests train tiny models, often in several processes at once (xdist workers, ranks,
+# kernels), and torch's default of a thread per core makes them spin against each other: 3x the CPU time on 2 cores.
+# Set before torch is imported; the processes the tests start inherit it.
+os.environ.setdefault('OMP_NUM_THREADS', '1')
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent  # console scripts of the environment running pytest
