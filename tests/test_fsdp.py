@@ -166,14 +166,13 @@ def test_killed_and_resumed_from_sharded_checkpoints_is_bit_identical(tmp_path, 
     assert not list((folder / 'checkpoints').glob('.*.tmp'))  # a save the kill cut short was cleaned up
 
 
-@pytest.fixture(scope='module')  # its tests share an xdist group: one worker trains it, once
+@pytest.fixture(scope='module')
 def trained(tmp_path_factory):
     "A finished FSDP run: its sharded checkpoints, and the whole weights and predictions the ranks gathered."
     folder = tmp_path_factory.mktemp('fsdp')
     return folder, run_worker(folder)
 
 
-@pytest.mark.xdist_group('fsdp-trained')
 def test_a_sharded_checkpoint_loads_into_a_bare_model_in_one_process(trained, tmp_path):
     import fsdp_worker
     folder, final = trained
@@ -206,7 +205,6 @@ def resume_in_fsdp(checkpoint):
     return full_weights(learn), learn.step
 
 
-@pytest.mark.xdist_group('fsdp-trained')
 def test_a_plain_checkpoint_loads_into_an_fsdp_run(trained, tmp_path):
     folder, _ = trained
     plain = plain_checkpoint(folder / 'checkpoints' / 'epoch-2.pt', tmp_path / 'plain.pt')
@@ -327,7 +325,6 @@ def test_probe_schedules_and_metrics_compose_with_fsdp():
     assert abs(row['accuracy'] - (logits.argmax(1) == y).float().mean().item()) < 1e-6
 
 
-@pytest.mark.xdist_group('fsdp-trained')
 def test_a_damaged_shard_is_refused_and_the_newest_intact_checkpoint_is_taken(trained, tmp_path):
     import shutil
     from nbtrainer import read_checkpoint

@@ -71,7 +71,8 @@ fi
 
 stage "tests/ (pytest)"
 if $quick; then selection=(-m 'not (ui or kernel or distributed or slow or cuda)'); else selection=(); fi
-python -m pytest tests "${selection[@]}" -n "$jobs" --dist loadgroup -q -rfE --durations=15 2>&1 | tee "$logs/pytest.log"
+# --dist loadfile: a file's tests on one worker, so its module fixtures (the rendered docs, a trained FSDP run) run once
+python -m pytest tests "${selection[@]}" -n "$jobs" --dist loadfile -q -rfE --durations=15 2>&1 | tee "$logs/pytest.log"
 rc=${PIPESTATUS[0]}
 case "$rc" in
   0) ;;
