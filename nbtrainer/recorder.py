@@ -8,12 +8,13 @@ Docs: https://nbtrainer.github.io/nbtrainer/recorder.html.md"""
 __all__ = ['Column', 'RunColumn', 'smoothing_beta', 'smooth', 'Recorder', 'monitored_value', 'check_monitor', 'SkipNonFinite']
 
 # %% ../nbs/00d_recorder.ipynb #64391e35
-import array, bisect, contextlib, functools, json, math, operator, time
+import array, bisect, contextlib, functools, json, math, operator
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from . import clock
 from .callback import Callback, CancelBatchException, NonFiniteLossError, Order
 from .metrics import computed, metric_name, state_leaves
 
@@ -216,16 +217,16 @@ class Recorder(Callback):
         return Column(restored, integer=integer, appended=appended, check=self._check_restored)
 
     def before_fit(self):  # a resumed fit's rows go on counting its time from where the checkpoint was
-        self._start, self._held = time.perf_counter() - self._resumed.pop('time', 0.0), 0.0
+        self._start, self._held = clock.now() - self._resumed.pop('time', 0.0), 0.0
+        if self.smoothing is None:  # the curve's length at the end of this fit
+            self.beta = smoothing_beta(self.learn.fit_start[1] + (self.learn.n_steps or 0))
 
     @contextlib.contextmanager
     def held(self):
         "Time spent in this block (a paused fit) is not training time: the rows' `time` leaves it out."
-        start = time.perf_counter()
+        start = clock.now()
         try: yield
-        finally: self._held += time.perf_counter() - start
-        if self.smoothing is None:  # the curve's length at the end of this fit
-            self.beta = smoothing_beta(self.learn.fit_start[1] + (self.learn.n_steps or 0))
+        finally: self._held += clock.now() - start
 
     def after_loss(self):
         learn = self.learn
@@ -292,7 +293,7 @@ class Recorder(Callback):
         self.history.append(row)
         return row
 
-    def _elapsed(self): return time.perf_counter() - self._start - self._held
+    def _elapsed(self): return clock.now() - self._start - self._held
 
     def state_dict(self):
         self.flush()
