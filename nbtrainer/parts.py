@@ -215,7 +215,7 @@ def spread_lrs(lr, n):
             lo = hyperparameter('lr (the slice\'s start)', lr.start)
             if n == 1 and lo != hi:  # one group would train at hi alone: the range is lost, as a list of 2 is refused
                 raise ValueError(f'lr=slice({lo:g}, {hi:g}) spreads lrs from {lo:g} to {hi:g} over parameter groups, but the '
-                                 f'optimizer has one group, which would train at {hi:g} alone: {_SPLIT_HINT}, or give one lr '
+                                 f'optimizer has one parameter group, which would train at {hi:g} alone: {_SPLIT_HINT}, or give one lr '
                                  f'(lr={hi:g})')
             lrs = [lo * (hi / lo) ** (i / (n - 1)) for i in range(n - 1)] + [hi]
     elif isinstance(lr, (list, tuple)):
