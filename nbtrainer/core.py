@@ -871,9 +871,13 @@ class Learner:
         if dim is None: return  # a layout it cannot read: left to the loss
         n_classes, labels = pred.shape[dim], y[y != self._ignore_index()]
         if labels.numel() and (labels.min() < 0 or labels.max() >= n_classes):  # one sync, first batch only
-            bad = int(labels.max()) if labels.max() >= n_classes else int(labels.min())
-            raise ValueError(f'labels out of range: the batch has label {bad} but the model outputs {n_classes} '
-                             f'classes, so labels must be in 0..{n_classes - 1}')
+            low, high = int(labels.min()), int(labels.max())  # the error path: reads are free here
+            if high >= n_classes:
+                fix = f'give the model {high + 1} outputs (its last layer), or number the labels from 0' + (
+                    ' (these start at 1: y - 1)' if low == 1 and high == n_classes else '')
+            else: fix = f"a label to leave out of the loss and the metrics is {self._ignore_index()} (the loss's ignore_index)"
+            raise ValueError(f'labels out of range: the batch has label {high if high >= n_classes else low} but the model '
+                             f'outputs {n_classes} classes, so labels must be in 0..{n_classes - 1}: {fix}')
 
     def _diagnose_labels(self, error):
         "A model that computes its loss failed on the first batch: out-of-range labels, found by a forward without them?"
