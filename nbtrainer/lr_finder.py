@@ -241,7 +241,7 @@ class LRFinderResult(NamedTuple):
 def lr_find(learn, start_lr=1e-7, end_lr=10, num_it=100, stop_div=True, show=True, theme=None):
     "LR range test: `num_it` steps with the lr rising exponentially; returns an `LRFinderResult`. The learner is restored."
     finder = LRFinder(start_lr, end_lr, num_it, stop_div)
-    learn.probe(num_it, cbs=[finder])  # real steps, then everything put back; no display, no file, no validation
+    learn.probe(num_it, cbs=[finder], name='lr_find')  # real steps, then everything put back; no display, no file, no validation
     suggestions = suggest_lrs(finder.lrs, finder.losses, finder.div_factor, finder.margin)
     result = LRFinderResult(list(finder.lrs), list(finder.losses), suggestions)
     if suggestions.valley is None and result.lrs:

@@ -9,7 +9,8 @@ __all__ = ['IGNORE_INDEX', 'CLASS_METRICS', 'MULTILABEL_METRICS', 'REGRESSION_ME
            'as_float', 'computed', 'class_dim', 'is_token_target', 'is_multilabel', 'class_targets', 'class_scores',
            'Mean', 'example_losses', 'Loss', 'Perplexity', 'label_decisions', 'Accuracy', 'ExactMatch', 'TopKAccuracy',
            'ConfusionMatrix', 'safe_ratio', 'Precision', 'Recall', 'F1', 'MCC', 'MAE', 'MSE', 'RMSE', 'R2',
-           'describe_task', 'FunctionMetric', 'takes_class_probabilities', 'takes_probabilities', 'get_metric']
+           'describe_task', 'FunctionMetric', 'takes_class_probabilities', 'takes_probabilities', 'described_name',
+           'get_metric']
 
 # %% ../nbs/01_metrics.ipynb #dcc29123
 import math, re
@@ -524,6 +525,22 @@ def takes_probabilities(loss_func):
     "A loss of probabilities (`BCELoss`), whose binary and multi-label outputs are positive above 0.5, not 0."
     return loss_func is F.binary_cross_entropy or isinstance(loss_func, torch.nn.BCELoss)
 
+_TASK_PREFIX = re.compile(r"^(Binary|Multiclass|Multilabel)(?=[A-Z])")
+_PLAIN = ("accuracy", "top_{k}_accuracy")  # averaged over all examples ('micro'), they are the plain fraction right
+
+def described_name(metric):
+    "A name that says what another library's metric computes: `MulticlassAccuracy(average='macro')` → `accuracy_macro`."
+    kind = _TASK_PREFIX.sub("", type(metric).__name__)
+    name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", kind).lower()
+    name = re.sub(r"_score$", "", name)  # F1Score: f1, as the built-in
+    k = getattr(metric, "top_k", None)
+    if isinstance(k, int) and k > 1: name = f"top_{k}_{name}"
+    if not hasattr(metric, "average"): return name
+    average = metric.average
+    if average in (None, "none"): return f"{name}_per_class"
+    plain = average == "micro" and re.sub(r"top_\d+_", "top_{k}_", name) in _PLAIN
+    return name if plain else f"{name}_{average}"
+
 def get_metric(spec, loss_func=None):
     "A metric from a name or a class (a fresh instance), a metric-like object (as is) or a function (a `FunctionMetric`)."
     metric = _builtin_metric(spec, loss_func)
@@ -535,7 +552,7 @@ def get_metric(spec, loss_func=None):
         spec = spec()  # another library's metric class, e.g. torchmetrics.MeanSquaredError: a fresh instance
     if _is_metric_like(spec):
         if not getattr(spec, "name", None):
-            try: spec.name = type(spec).__name__.lower()
+            try: spec.name = described_name(spec)
             except (AttributeError, TypeError): pass  # read-only or __slots__: keep it nameless
         return spec
     if callable(spec) and not isinstance(spec, type): return FunctionMetric(spec)

@@ -30,6 +30,7 @@ class FitProgress:
         self.fit_start, self.epoch_done = (0, 0), False
         self.n_epochs = self.n_steps = self.eval_every = self.steps_per_epoch = None
         self.end_epoch = self.end_step = math.inf
+        self.probing = None  # the probe run under way ('lr_find', 'profile'): steps that are not training, undone after
 
     def start_fit(self):
         "A fit starts here: the steps and epochs it plans count from now (after a fork: from the forked fit's start)."
@@ -200,6 +201,8 @@ class SingleProcess:
     def load_state_dict(self, state): pass
 
 # %% ../nbs/00f_parts.ipynb #7e5f5b4e
+_SPLIT_HINT = 'split the model into groups with Learner(splitter=head_body) (or by_depth())'
+
 def spread_lrs(lr, n):
     "(base lr, per-group scales) for `n` groups from a number, `slice(lo, hi)` (geometric), a list, or `x.lrs(n)`"
     if hasattr(lr, 'lrs'): lr = list(lr.lrs(n))
@@ -210,10 +213,16 @@ def spread_lrs(lr, n):
         if lr.start is None: lrs = [hi / 10] * (n - 1) + [hi]
         else:
             lo = hyperparameter('lr (the slice\'s start)', lr.start)
+            if n == 1 and lo != hi:  # one group would train at hi alone: the range is lost, as a list of 2 is refused
+                raise ValueError(f'lr=slice({lo:g}, {hi:g}) spreads lrs from {lo:g} to {hi:g} over parameter groups, but the '
+                                 f'optimizer has one parameter group, which would train at {hi:g} alone: {_SPLIT_HINT}, or give one lr '
+                                 f'(lr={hi:g})')
             lrs = [lo * (hi / lo) ** (i / (n - 1)) for i in range(n - 1)] + [hi]
     elif isinstance(lr, (list, tuple)):
-        if len(lr) != n: raise ValueError(f'lr is a list of {len(lr)} lrs but the optimizer has {n} parameter groups: '
-                                          'give one lr per group, or a slice(lo, hi) to spread them')
+        if len(lr) != n:
+            groups = 'one parameter group' if n == 1 else f'{n} parameter groups'
+            raise ValueError(f'lr is a list of {len(lr)} lrs but the optimizer has {groups}: ' +
+                             (f'{_SPLIT_HINT}, or give one lr' if n == 1 else 'give one lr per group, or a slice(lo, hi) to spread them'))
         lrs = [hyperparameter(f'lr[{i}]', v) for i, v in enumerate(lr)]
     else: return hyperparameter('lr', lr), [1.0] * n
     base = lrs[-1]
