@@ -216,6 +216,8 @@ class Recorder(Callback):
 
     def before_fit(self):
         self._start, self._held = time.perf_counter(), 0.0
+        if self.smoothing is None:  # the curve's length at the end of this fit
+            self.beta = smoothing_beta(self.learn.fit_start[1] + (self.learn.n_steps or 0))
 
     @contextlib.contextmanager
     def held(self):
@@ -223,8 +225,6 @@ class Recorder(Callback):
         start = time.perf_counter()
         try: yield
         finally: self._held += time.perf_counter() - start
-        if self.smoothing is None:  # the curve's length at the end of this fit
-            self.beta = smoothing_beta(self.learn.fit_start[1] + (self.learn.n_steps or 0))
 
     def after_loss(self):
         learn = self.learn

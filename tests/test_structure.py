@@ -13,7 +13,7 @@ LAYERS = {
     'precision': MIDDLE, 'recorder': MIDDLE, 'parts': MIDDLE, 'core': MIDDLE,
     'progress': TOP, 'plotting': TOP, 'checkpoint': TOP, 'loggers': TOP, 'evaluate': TOP, 'diagnose': TOP,
     'schedule': TOP, 'lr_finder': TOP, 'liveplot': TOP, 'distributed': TOP, 'control': TOP, 'dashboard': TOP,
-    'demo': TOP, 'testing': TOP, 'early_stopping': TOP, 'track': TOP, 'preemption': TOP, 'fork': TOP, 'finetune': TOP, 'fsdp': TOP,
+    'render': TOP, 'demo': TOP, 'testing': TOP, 'early_stopping': TOP, 'track': TOP, 'preemption': TOP, 'fork': TOP, 'finetune': TOP, 'fsdp': TOP,
 }
 NOT_MODULES = {'__init__', '_modidx'}  # the package's front door imports everything; nbdev's index imports nothing
 UI = ('matplotlib', 'ipywidgets', 'tensorboard', 'IPython', 'tqdm.notebook', 'tqdm.auto')
