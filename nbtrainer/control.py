@@ -195,7 +195,8 @@ def _end_background_fits_on_kernel_interrupt():
     installs, after each cell, the handler it saved before it (`saved_sigint_handler`); that one becomes ours, which
     interrupts the running fits, or does what the kernel's own did when none runs. A cell that runs gets the usual
     KeyboardInterrupt (an awaited fit is then cancelled, and interrupted by `_wait_for_fit`)."""
-    previous = getattr(current_kernel(), 'saved_sigint_handler', None)
+    kernel = current_kernel()
+    previous = getattr(kernel, 'saved_sigint_handler', None)
     if previous is None or getattr(previous, 'ends_fits', False): return  # not in ipykernel, or done already
     def on_interrupt(signum, frame):
         if _RUNNING:

@@ -207,7 +207,6 @@ class Dashboard(Callback):
         self._carry = self._fork_request = None  # a fork asked from this dashboard, and what the branch takes over
         self._lock = threading.RLock()  # the views' updates, from the training, rendering and main threads
         self._shown_in = set()  # the cells that show it already (cells queued behind an awaited fit)
-        if plot and in_jupyter(): Renderer.shared().start()  # the rendering process warm by the first fit
 
     def _run(self, event):
         for _, method in self._tables[self.learn.training][event]: method()
@@ -604,3 +603,4 @@ def progress_display(dashboard=True, display=None):
     return Dashboard(display=kind)
 
 Learner.display_factory = progress_display
+if in_jupyter(): Renderer.shared().start()  # the kernel's rendering process, warm by the first fit: started on import
