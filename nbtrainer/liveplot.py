@@ -116,12 +116,14 @@ class LivePlot(Callback):
 
     def after_fit(self):
         "The final frame, however the fit ended: as `recorder.plot()` draws it, by the rendering process or, if it fails, here."
-        self._final, self._final_done = ({}, b''), threading.Event()
-        self._hand_over(draw='final', end=True)
-        self._final_done.wait(self.final_timeout)
+        for attempt in range(2):  # a second time if the process had lost the job (it was restarted): with all the data
+            self._final, self._final_done = ({}, b''), threading.Event()
+            self._hand_over(draw='final', end=True)
+            answered = self._final_done.wait(self.final_timeout)
+            if not self._final[0].get('unknown'): break
         reply, png = self._final
         if not png:  # the process failed, or did not answer in time
-            if not self._final_done.is_set(): self._renderer.stop()  # stuck: the next request starts a new one
+            if not answered: self._renderer.stop()  # stuck: the next request starts a new one
             png = self._draw_here()
         self.png, self.step = png, reply.get('step', self.learn.step)
         self.show(png, self.step, final=True)

@@ -11,7 +11,7 @@ __all__ = ['DISPLAY_DPI', 'PIXEL_RATIO', 'FIGURE_SIZE', 'LEGEND_POINTS', 'THEMES
            'serve', 'Renderer']
 
 # %% ../nbs/03a_render.ipynb #04513e47
-import collections, importlib.util, io, itertools, json, math, queue, struct, subprocess, sys, threading
+import collections, importlib.util, io, itertools, json, math, queue, signal, struct, subprocess, sys, threading
 from array import array
 
 # %% ../nbs/03a_render.ipynb #27aa98b7
@@ -302,7 +302,7 @@ class Drawer:
 
     def answer(self, request, payload=b''):
         "(reply, png) for one request."
-        job, reply = request['job'], {'job': request['job'], 'id': request.get('id')}
+        job, reply = request['job'], {'job': request['job'], 'id': request.get('id'), 'draw': request.get('draw')}
         try:
             if 'start' in request:
                 self.jobs.pop(job, None)  # started again (its sender lost track): the newest
@@ -313,7 +313,7 @@ class Drawer:
             live.add(**unpack_arrays(request.get('arrays', ()), payload), rows=request.get('rows', ()))
             draw = request.get('draw')
             png = live.final_png() if draw == 'final' else live.live_png() if draw == 'live' else b''
-            reply.update(step=live.last_step, draw=draw)
+            reply['step'] = live.last_step
         except Exception as e:  # one job's bad data or a failed draw: said in the reply, the process goes on
             png, reply['error'] = b'', f'{type(e).__name__}: {e}'
         if request.get('end'): self.jobs.pop(job, None)
@@ -329,6 +329,7 @@ class Drawer:
 def serve(stdin=None, stdout=None):
     "The rendering process's loop: answer each request from `stdin` on `stdout` until `stdin` ends (the kernel has gone)."
     stdin, stdout = stdin or sys.stdin.buffer, stdout or sys.stdout.buffer
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel's interrupt button (sent to its process group) is not for us
     drawer = Drawer()
     drawer.warm_up()
     while (message := read_message(stdin)) is not None:
