@@ -460,14 +460,14 @@ class Dashboard(Callback):
             if learn.fit_outcome == 'interrupted' and in_jupyter(): brief_traceback(learn.fit_exception, learn)
 
     def _end_views(self):
-        """Every view gives way to the static summary: its status output shows it, its controls and figure are emptied,
-        the controls' views first (a view taken off the page keeps the DOM it last showed)."""
+        """Every view gives way to the static summary, in the place of its figure: the controls go first (their views
+        emptied before they leave: a view taken off the page keeps the DOM it last showed), then the status."""
         with self._lock:
             for box in self.boxes: _blank(box)
             for view in self.views:
-                view['status'].update(self.static, raw=True)
-                for part in ('controls', 'figure'):
-                    if part in view: view[part].update(_EMPTY, raw=True)
+                if 'controls' in view: view['controls'].update(_EMPTY, raw=True)
+                view['status'].update(_EMPTY, raw=True)
+                view['figure'].update(self.static, raw=True)
                 view.pop('box', None)
             for box in self.boxes:  # their comms freed; not the box's own: an output whose first widget closes is hidden
                 for part in (box.actions, box.lr, box.forks):
@@ -491,7 +491,7 @@ class Dashboard(Callback):
         try: learn.fork(step)
         except Exception as e:  # e.g. the state was dropped by a keep rule meanwhile: said where the branch would be
             failed = f'<p style="margin:4px 0"><b>Fork at step {step} failed: {html.escape(str(e))}</b></p>'
-            for view in carry[0]: view['status'].update({'text/html': self.static['text/html'] + failed,
+            for view in carry[0]: view['figure'].update({'text/html': self.static['text/html'] + failed,
                                                          'text/plain': f'{self.static["text/plain"]}\nFork failed: {e}'}, raw=True)
             return
         self._carry = carry

@@ -250,7 +250,7 @@ def test_a_background_fit_is_shown_again_by_learn_dashboard_and_both_views_get_t
         assert len(attached) == 3 and 'application/vnd.jupyter.widget-view+json' in attached[1]['content']['data']
         status, figure = status_step(attached[0]), figure_step(attached[2])
         assert figure is not None and 0 <= status - figure <= 400, (status, figure)  # the current figure, a second or two old
-        ids = {m['content']['transient']['display_id'] for m in (shown[0], attached[0])}  # the status outputs
+        ids = {m['content']['transient']['display_id'] for m in (shown[2], attached[2])}  # the summary comes in the figures' place
         kc.execute("learn.controls.stop('stopped from another cell')")  # its output is not waited for: nothing skipped
         updates, deadline = {}, time.time() + 120
         while not ids <= set(updates):  # the summary replaces both, whatever cell is current
