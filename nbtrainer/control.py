@@ -9,6 +9,7 @@ __all__ = ['Controls']
 
 # %% ../nbs/16_control.ipynb #399a19ad
 import asyncio, concurrent.futures, contextvars, html, re, sys, threading
+from datetime import datetime
 from pathlib import Path
 
 from .callback import Callback, CancelFitException, Order
@@ -217,11 +218,11 @@ async def _wait_for_fit(learn, done, thread, controls):
     result = asyncio.wrap_future(done)
     result.add_done_callback(lambda f: f.cancelled() or f.exception())  # read even if we stop waiting (an interrupt)
     kernel, told = current_kernel(), set()
-    cell = ((kernel.get_parent() or {}).get('header') or {}).get('msg_id') if kernel is not None else None
+    cell = (kernel.get_parent() or {}).get('header') if kernel is not None else None  # the cell that started the fit
     try:
         while not result.done():
             await asyncio.wait([result], timeout=0.1)
-            if cell is not None: _tell_waiting_cells(kernel, cell, controls, told)
+            if cell: _tell_waiting_cells(kernel, cell, controls, told)
         return result.result()
     except asyncio.CancelledError as e:  # Jupyter's interrupt cancels the await
         controls.interrupt()
@@ -232,10 +233,19 @@ async def _wait_for_fit(learn, done, thread, controls):
     except Exception as e:  # the fit failed: one line, not asyncio's internals (an error before it started: as is)
         raise brief_traceback(e, learn) if e is learn.fit_exception else e
 
+_SENT_WITH = 2.0  # seconds: cells sent this soon after the fit's cell were sent with it (Run All, a few Shift+Enters)
+
+def _sent_at(header):
+    "When the front end sent a request: its header's date (a datetime, or ISO text before it is parsed)."
+    date = header.get('date')
+    return date if isinstance(date, datetime) else datetime.fromisoformat(str(date).replace('Z', '+00:00'))
+
 def _cells_waiting(kernel, cell):
-    """The execute requests queued behind cell `cell` (a message id) while that cell runs, i.e. awaits the fit: ipykernel
-    7 keeps each shell message in a task (`shell_main`) that waits for the running cell's lock. None when `cell` has
-    ended (the fit trains in the background: other cells run) or in a kernel that queues requests some other way."""
+    """The execute requests queued behind `cell` (the header of the cell that started the fit) while that cell runs,
+    i.e. awaits the fit, and sent later than it and the cells sent with it (a Run All, whose cells follow the fit on
+    the page): ipykernel 7 keeps each shell message in a task (`shell_main`) that waits for the running cell's lock.
+    None when `cell` has ended (the fit trains in the background: other cells run) or in a kernel that queues requests
+    some other way."""
     running, waiting = False, []
     for task in asyncio.all_tasks():
         coro = task.get_coro()
@@ -244,9 +254,10 @@ def _cells_waiting(kernel, cell):
         try:  # the header only, unpacked without the session's signature check (a message is checked once, when run)
             _, parts = kernel.session.feed_identities(frame.f_locals['msg'], copy=False)
             header = kernel.session.unpack(getattr(parts[1], 'bytes', parts[1]))
+            later = (_sent_at(header) - _sent_at(cell)).total_seconds() > _SENT_WITH
+            if header.get('msg_id') == cell.get('msg_id'): running = True
+            elif header.get('msg_type') == 'execute_request' and later: waiting.append({'header': header})
         except Exception: continue
-        if header.get('msg_id') == cell: running = True
-        elif header.get('msg_type') == 'execute_request': waiting.append({'header': header})
     return waiting if running else []
 
 _WAITING = ('<p style="margin:4px 0"><b>This cell waits for the fit that <code>await learn.fit_async(...)</code> runs in '

@@ -274,13 +274,15 @@ def send_comm_update(kc, comm_id, state):
 def test_a_cell_queued_behind_an_awaited_fit_shows_its_dashboard_with_working_controls():
     """`await learn.fit_async(...)` keeps the kernel busy; a cell run meanwhile (after a browser reload, say) is told at
     once that it waits for the fit, and shows the live dashboard, whose Stop ends the fit; when the fit ends, the queued
-    `learn.dashboard()` runs and shows nothing more."""
+    `learn.dashboard()` runs and shows nothing more. A cell sent with the fit's (as Run All sends them) is told nothing."""
     km, kc = start_new_kernel(kernel_name='python3')
     try:
         execute(kc, SETUP)
         execute(kc, 'learn = Learner(SlowLinear(8, 2), dl, dl, lr=0.1, cbs=[NoteEnd()])')
         awaited = kc.execute('await learn.fit_async(100)')
+        along = kc.execute("print('sent with the fit')")  # as Run All sends the next cells: they wait, told nothing
         wait_until_training(kc, awaited)
+        time.sleep(3)  # the user comes back (after a reload, say)
         queued = kc.execute('learn.dashboard()')
         seen, boxes, toggles, deadline = [], {}, {}, time.time() + 120
         while not any('Controls of the running fit' in m['content']['data'].get('text/plain', '') for m in seen):
@@ -290,6 +292,7 @@ def test_a_cell_queued_behind_an_awaited_fit_shows_its_dashboard_with_working_co
                 if state.get('_model_name') == 'HBoxModel': boxes[msg['content']['comm_id']] = state['children']
                 if state.get('_model_name') == 'ToggleButtonsModel': toggles[msg['content']['comm_id']] = state
             if msg['parent_header'].get('msg_id') == queued and msg['msg_type'] == 'display_data': seen.append(msg)
+            assert not (msg['parent_header'].get('msg_id') == along and msg['msg_type'] == 'display_data'), msg
             if msg['parent_header'].get('msg_id') == queued and msg['msg_type'] == 'status':
                 raise AssertionError('the queued cell ran before the fit ended')
         note, status, controls = (m['content']['data'] for m in seen[:3])
@@ -300,6 +303,7 @@ def test_a_cell_queued_behind_an_awaited_fit_shows_its_dashboard_with_working_co
         send_comm_update(kc, stop, {'index': 0})  # Stop, clicked in the queued cell while the other one awaits
         messages = iopub_until_idle(kc, awaited)
         assert shell_reply(kc, awaited)['content']['status'] == 'ok'
+        assert [m['msg_type'] for m in iopub_until_idle(kc, along)] == ['status', 'execute_input', 'stream', 'status']
         later = iopub_until_idle(kc, queued)
         assert shell_reply(kc, queued)['content']['status'] == 'ok'
         ended = summaries(messages + later)  # the awaiting cell's status output and the queued cell's, as summaries
