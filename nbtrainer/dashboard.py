@@ -180,6 +180,20 @@ def _describe_request(step, action, value):
     if action == 'stop': return f'{value} at step {step}'
     return f'{action}d at step {step}'  # paused, resumed
 
+def _again_from_the_running_cell(send):
+    """Call `send` (display updates) again as from the cell the kernel runs now, if that is another cell than this
+    thread's: a front end that takes updates only from the cell it runs (nbclient, which stores notebooks) then applies
+    them too, to whatever cell shows those outputs; JupyterLab has applied them already, and gets the same again."""
+    kernel = current_kernel()
+    if kernel is None: return
+    running = contextvars.Context().run(kernel.get_parent)  # no context: the shell's last request, not this thread's
+    header = lambda parent: ((parent or {}).get('header') or {}).get('msg_id')
+    if header(running) is None or header(running) == header(kernel.get_parent()): return
+    def again():
+        kernel.shell.display_pub.set_thread_parent(running)  # in this copy of the context only
+        send()
+    contextvars.copy_context().run(again)
+
 def _request_id():
     "The id of the request (the cell) the kernel runs now; None outside a kernel."
     kernel = current_kernel()
@@ -464,11 +478,11 @@ class Dashboard(Callback):
         emptied before they leave: a view taken off the page keeps the DOM it last showed), then the status."""
         with self._lock:
             for box in self.boxes: _blank(box)
-            for view in self.views:
-                if 'controls' in view: view['controls'].update(_EMPTY, raw=True)
-                view['status'].update(_EMPTY, raw=True)
-                view['figure'].update(self.static, raw=True)
-                view.pop('box', None)
+            ends = [(view[part], self.static if part == 'figure' else _EMPTY) for view in self.views
+                    for part in ('controls', 'status', 'figure') if part in view]
+            for handle, bundle in ends: handle.update(bundle, raw=True)
+            _again_from_the_running_cell(lambda: [handle.update(bundle, raw=True) for handle, bundle in ends])
+            for view in self.views: view.pop('box', None)
             for box in self.boxes:  # their comms freed; not the box's own: an output whose first widget closes is hidden
                 for part in (box.actions, box.lr, box.forks):
                     if part is not None: part.close()
