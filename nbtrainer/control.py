@@ -28,7 +28,7 @@ class Controls(Callback):
         self.save_dir = save_dir
         self.log = []  # (step, action, value) of each request carried out
         self.listeners = []  # called by the training thread after each request it carries out
-        self.waiting = []  # called with a cell queued behind an awaited fit, in that cell's output (the dashboard shows itself)
+        self.waiting = []  # called with a cell queued behind an awaited fit, in that cell (the dashboard shows itself)
         self._reset()
 
     def _reset(self):

@@ -24,7 +24,7 @@ from .render import DISPLAY_DPI, FIGURE_SIZE, Renderer
 
 # %% ../nbs/17_dashboard.ipynb #1fe5608f
 class _Bars(ProgressCallback):
-    "ProgressCallback's counts, drawn by the dashboard as HTML: their refresh is the dashboard's tick; rows go to its table."
+    "ProgressCallback's counts, drawn by the dashboard as HTML: their refresh is its tick; rows go to its table."
     def __init__(self, dashboard, refresh):
         super().__init__(refresh=refresh)
         self.dashboard, self._spares = dashboard, {}
@@ -87,8 +87,8 @@ class _Plot(LivePlot):
         super().show(png, step, final)
 
 # %% ../nbs/17_dashboard.ipynb #4dea96df
-_HINT = ('Stop, Pause, Save and a new LR come with <code>learn.fit_async(...)</code>: a plain <code>fit</code> keeps the '
-         'kernel busy until it ends. To stop this fit, interrupt the kernel.')
+_HINT = ('Stop, Pause, Save and a new LR come with <code>learn.fit_async(...)</code>: a plain <code>fit</code> '
+         'keeps the kernel busy until it ends. To stop this fit, interrupt the kernel.')
 _HTML_HINT = ('Controls, from any cell while the fit runs in the background: <code>learn.controls.pause()</code>, '
               '<code>.resume()</code>, <code>.set_lr(lr)</code>, <code>.save()</code>, <code>.stop()</code>')
 _CONTROLS_TEXT = ('Controls of the running fit: Stop, Pause, Save, LR. Without widgets, from any cell: '
@@ -97,8 +97,9 @@ _EMPTY = {'text/plain': ''}  # an output emptied: it takes no room, and a saved 
 _FIGURE_PX = tuple(round(v * DISPLAY_DPI) for v in FIGURE_SIZE)  # the figure's CSS size: its space, kept from the start
 _CELL = 'padding:1px 6px;text-align:right;white-space:nowrap;font-weight:normal;overflow:hidden'
 _ROW_PX, _BOX_PX = 21, 320  # a table row's height (18 px line, 2 px padding, 1 px border); the summary table's box
-_TABLE = 'border-collapse:collapse;table-layout:fixed;font-size:12px;line-height:18px;font-variant-numeric:tabular-nums;margin:0'
-_STICKY = 'position:sticky;top:0;background:var(--jp-layout-color1,white)'  # the summary's header, over its scrolled rows
+_TABLE = ('border-collapse:collapse;table-layout:fixed;font-size:12px;line-height:18px;'
+          'font-variant-numeric:tabular-nums;margin:0')
+_STICKY = 'position:sticky;top:0;background:var(--jp-layout-color1,white)'  # the summary's header, over scrolled rows
 _LINE = 'margin:2px 0;font-size:13px;line-height:18px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis'
 _STYLE = ('<style>.nbtrainer-controls .widget-toggle-button:first-child:not(:disabled)'
           '{background:var(--jp-error-color1,#d32f2f);color:white}</style>')  # Stop in red
@@ -126,7 +127,8 @@ def _summary_table(rows):
     shown = _BOX_PX // _ROW_PX - 1  # the rows the box shows below its header
     more = (f'<div style="font-size:11px;opacity:.75">{len(rows)} evaluations, {shown} in view: scroll the table for '
             'the others</div>' if len(rows) > shown else '')
-    return f'<div><div style="max-height:{_BOX_PX}px;overflow-y:auto">{_table_html(rows, sticky=True)}</div>{more}</div>'
+    box = f'<div style="max-height:{_BOX_PX}px;overflow-y:auto">{_table_html(rows, sticky=True)}</div>'
+    return f'<div>{box}{more}</div>'
 
 _BAR_LINE = 'display:flex;align-items:center;height:20px;font-size:12px;white-space:nowrap;overflow:hidden'
 
@@ -187,22 +189,23 @@ def _again_from_the_running_cell(send):
     kernel = current_kernel()
     if kernel is None: return
     running = contextvars.Context().run(kernel.get_parent)  # no context: the shell's last request, not this thread's
-    header = lambda parent: ((parent or {}).get('header') or {}).get('msg_id')
-    if header(running) is None or header(running) == header(kernel.get_parent()): return
+    if _msg_id(running) is None or _msg_id(running) == _msg_id(kernel.get_parent()): return
     def again():
         kernel.shell.display_pub.set_thread_parent(running)  # in this copy of the context only
         send()
     contextvars.copy_context().run(again)
 
+def _msg_id(parent): return ((parent or {}).get('header') or {}).get('msg_id')
+
 def _request_id():
     "The id of the request (the cell) the kernel runs now; None outside a kernel."
     kernel = current_kernel()
-    return ((kernel.get_parent() or {}).get('header') or {}).get('msg_id') if kernel is not None else None
+    return _msg_id(kernel.get_parent()) if kernel is not None else None
 
 _VIEWS = ('widgets', 'html')
 
 class Dashboard(Callback):
-    "Bars and status, controls, and the live figure beside the latest evaluations, updated in place; a static summary when the fit ends."
+    "Bars, status and controls, the live figure beside the latest evaluations, updated in place; a summary at the end."
     order = Order.DISPLAY
     side_effects = main_process_only = True  # it draws and takes clicks; under DDP rank 0 alone does
 
@@ -237,7 +240,8 @@ class Dashboard(Callback):
         status = self.status_text or 'starting'
         page = (f'{_STYLE}<div class="nbtrainer-live">{"".join(h for h, _ in self.ancestors)}'
                 f'<div class="nbtrainer-bars" style="min-height:{n_bars * 20}px">{bars}</div>'
-                f'<div style="{_LINE}"><b>Fit running:</b> <span class="nbtrainer-status">{html.escape(status)}</span></div>'
+                f'<div style="{_LINE}"><b>Fit running:</b> '
+                f'<span class="nbtrainer-status">{html.escape(status)}</span></div>'
                 f'{notes}</div>')
         return {'text/html': page, 'text/plain': '\n'.join([*(t for _, t in self.ancestors), f'Fit running: {status}'])}
 
@@ -281,7 +285,7 @@ class Dashboard(Callback):
         view['figure'].update(self._figure_bundle(), raw=True)
 
     def _update(self, part):
-        "Show the current `part` ('status' or 'figure') in every view of the running fit; the status only if it changed."
+        "Show the current `part` ('status' or 'figure') in every view of the running fit (the status if it changed)."
         with self._lock:
             if self.summary is not None or not self.views: return  # ended: the summary stays
             bundle = self._status_bundle() if part == 'status' else self._figure_bundle()
@@ -292,14 +296,15 @@ class Dashboard(Callback):
 
     # ---- the controls: one widget of three buttons, and the LR field ----
     def _new_controls(self):
-        "Stop, Pause and Save as one `ToggleButtons` (one view in the browser, reset after each click), and the LR field."
+        "Stop, Pause and Save as one `ToggleButtons` (one view in the browser, reset after a click), and the LR field."
         import ipywidgets as W
         actions = _edited(W.ToggleButtons, options=self._actions(), index=None, icons=self._icons(),
                           tooltips=['end the fit after this batch', 'hold at the next step (Resume goes on)',
                                     'write a checkpoint at the next step (at once while paused)'],
                           style={'button_width': '84px'})
         lr = _edited(W.FloatText, value=self.learn.lr, description='LR', continuous_update=False,
-                     tooltip='Enter (or leaving the field) applies it from the next step', layout=W.Layout(width='170px'))
+                     tooltip='Enter (or leaving the field) applies it from the next step',
+                     layout=W.Layout(width='170px'))
         box = W.HBox([actions, lr], layout=W.Layout(align_items='center', flex_flow='row wrap'))
         box.add_class('nbtrainer-controls')
         box.actions, box.lr, box.forks = actions, lr, None
@@ -315,7 +320,7 @@ class Dashboard(Callback):
     def _icons(self): return ['stop', 'play' if self.controls.paused else 'pause', 'save']
 
     def _sync_controls(self):
-        "The buttons' labels as the fit stands (Resume while paused, Stopping after a stop); the fork choices while paused."
+        "The buttons' labels as the fit stands (Resume while paused, Stopping after a stop); the fork choices."
         with self._lock:
             for box in self.boxes:
                 box.actions.options, box.actions.icons = self._actions(), self._icons()
@@ -329,7 +334,7 @@ class Dashboard(Callback):
         return [r['step'] for r in self.rows[-self.table_rows:] if r['step'] in kept]
 
     def _sync_forks(self, box):
-        "A 'fork at' choice beside the controls while paused (one more view, made at the first pause), hidden otherwise."
+        "A 'fork at' choice beside the controls while paused (one more view, made at the first pause), else hidden."
         import ipywidgets as W
         steps = self._fork_choices()
         if box.forks is None and steps:
@@ -340,7 +345,7 @@ class Dashboard(Callback):
             box.children = [*box.children, box.forks]
         if box.forks is None: return
         box.forks.options = [(str(step), step) for step in steps]
-        box.forks.tooltips = [f"fork at step {step}: back to that evaluation, on with the LR field's lr" for step in steps]
+        box.forks.tooltips = [f"back to the evaluation of step {step}, on with the LR field's lr" for step in steps]
         box.forks.layout.display = '' if steps else 'none'
 
     def press(self, action):
@@ -435,7 +440,7 @@ class Dashboard(Callback):
         self.live = controls is not None and threading.current_thread() is not threading.main_thread()
         self._context = contextvars.copy_context()  # the calling cell's: a branch started from here trains in it
         self.can_fork = self.widgets and self.live and getattr(learn, 'keeps_fork_points', lambda: False)()
-        self._seen_cbs = list(learn.cbs)  # the Learner's and this fit's own (a schedule, say): a branch takes the latter
+        self._seen_cbs = list(learn.cbs)  # the Learner's and this fit's own (a schedule, say): a branch takes those
         self._log_start = len(controls.log) if controls is not None else 0  # this fit's requests start here
         self.png = self.png_step = self._last_status = None
         self.status_text, self._note, self._keys, self._stopping, self.boxes = '', '', [], False, []
@@ -465,7 +470,8 @@ class Dashboard(Callback):
             self._show_status()
         finally:  # whatever ended the fit, every view gives way to a static summary
             if self.controls is not None:
-                for hooks, hook in ((self.controls.listeners, self._on_request), (self.controls.waiting, self._show_waiting)):
+                controls = self.controls
+                for hooks, hook in ((controls.listeners, self._on_request), (controls.waiting, self._show_waiting)):
                     if hook in hooks: hooks.remove(hook)
             self.summary = describe_ending(learn, clock.now() - self._start)
             self.static = self._static()
@@ -483,13 +489,13 @@ class Dashboard(Callback):
             for handle, bundle in ends: handle.update(bundle, raw=True)
             _again_from_the_running_cell(lambda: [handle.update(bundle, raw=True) for handle, bundle in ends])
             for view in self.views: view.pop('box', None)
-            for box in self.boxes:  # their comms freed; not the box's own: an output whose first widget closes is hidden
+            for box in self.boxes:  # their comms freed; not the box's: an output whose first widget closes is hidden
                 for part in (box.actions, box.lr, box.forks):
                     if part is not None: part.close()
             self.boxes = []
 
     def _start_branch(self):
-        "A fork asked while paused: its branch starts once this fit has ended, in this fit's outputs, below its summary."
+        "A fork asked while paused: its branch starts once this fit has ended, in its outputs, below its summary."
         request, self._fork_request = self._fork_request, None
         if request is None or self.learn.fit_outcome != 'stopped': return
         step, lr, curves = request
@@ -505,8 +511,9 @@ class Dashboard(Callback):
         try: learn.fork(step)
         except Exception as e:  # e.g. the state was dropped by a keep rule meanwhile: said where the branch would be
             failed = f'<p style="margin:4px 0"><b>Fork at step {step} failed: {html.escape(str(e))}</b></p>'
-            for view in carry[0]: view['figure'].update({'text/html': self.static['text/html'] + failed,
-                                                         'text/plain': f'{self.static["text/plain"]}\nFork failed: {e}'}, raw=True)
+            failed = {'text/html': self.static['text/html'] + failed,
+                      'text/plain': f'{self.static["text/plain"]}\nFork failed: {e}'}
+            for view in carry[0]: view['figure'].update(failed, raw=True)
             return
         self._carry = carry
         try: asyncio.run(learn.fit_async(**learn.progress.call, cbs=self._fit_cbs(), lr=lr))
@@ -545,7 +552,7 @@ class Dashboard(Callback):
 
     # ---- shown again ----
     def show(self):
-        "Display this dashboard again in the current cell: live while its fit runs (controls working), else its summary."
+        "Display this dashboard again in the current cell: live while its fit runs (working controls), or its summary."
         from IPython.display import display
         if _request_id() in self._shown_in: return  # this cell shows it already: it was queued behind the fit
         if not self.built: raise ValueError('this dashboard has not shown a fit yet')
@@ -555,13 +562,13 @@ class Dashboard(Callback):
         if self.can_fork and self.learn.fork_steps(): self._fork_bar()
 
     def _show_waiting(self, request):
-        "In a cell queued behind this fit (awaited): the live dashboard, so that a reloaded page gets its controls back."
+        "In a cell queued behind this (awaited) fit: the live dashboard, so that a reloaded page gets the controls back."
         self._shown_in.add(request['header']['msg_id'])
         with self._lock:
             if self.summary is None: self.views.append(self._display())
 
     def _fork_bar(self):
-        "After the fit: fork at a kept evaluation and train the rest of that fit as a branch, whose dashboard replaces this bar."
+        "After the fit: fork at a kept evaluation and train the rest of that fit as a branch, its dashboard in the bar's."
         import ipywidgets as W
         from IPython.display import display
         from nbtrainer.plotting import history_curves

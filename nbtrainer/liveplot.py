@@ -22,7 +22,7 @@ from .render import Renderer, figure_png, pack_arrays
 _JOBS = itertools.count(1)  # a job per fit, numbered in this process: the rendering process keeps each one's data
 
 class LivePlot(Callback):
-    "Redraw the recorder's curves in place during `fit`, about every `every` seconds, in a rendering process: the loop only hands over what changed."
+    "The recorder's curves redrawn in place during `fit`, about every `every` s, off the loop: it hands over what changed."
     order = Order.DISPLAY + 10  # after the progress bars
     run_valid = False  # it hands over between training batches
     side_effects = main_process_only = True  # it draws; under DDP rank 0 alone does
@@ -33,7 +33,7 @@ class LivePlot(Callback):
         self.every, self.path, self.x_max, self.theme, self.renderer = every, path, x_max, theme, renderer
         self.handle = None
         self.parent_curves = None  # a forked run's parent, drawn faintly behind (`plotting.history_curves`)
-        self.png = self.step = self.error = None  # the last frame shown, the last step it draws, the renderer's last error
+        self.png = self.step = self.error = None  # the last frame shown, its last step, the renderer's last error
         self.frames, self.times = 0, []  # this fit's live frames, and when each was shown (seconds into the fit)
 
     def _outputs(self):
@@ -53,7 +53,8 @@ class LivePlot(Callback):
         metrics = [learn.eval_prefix + metric_name(m) for m in learn.metrics] if learn.valid_dl is not None else []
         # the theme now (the user may have switched it since the last fit); the metric columns to come, laid out
         # from the first frame rather than when the first row arrives
-        self._layout = dict(theme=resolve_theme(self.theme), metrics=metrics, parent=self.parent_curves, x_max=self.x_max)
+        theme, parent = resolve_theme(self.theme), self.parent_curves
+        self._layout = dict(theme=theme, metrics=metrics, parent=parent, x_max=self.x_max)
         self._job, self._ids, self._lost = next(_JOBS), itertools.count(1), False
         self._start = clock.now()
         self._restart()
@@ -88,7 +89,7 @@ class LivePlot(Callback):
         recorder.flush()  # the queued losses: one host sync a hand-over
         losses_column, steps_column, rows = recorder.batches['loss'], recorder.batches.get('step', ()), recorder.history
         n = len(losses_column)
-        if self._lost or self._sent > n or self._rows_sent > len(rows): self._restart()  # lost by the process, or cut (a fork)
+        if self._lost or self._sent > n or self._rows_sent > len(rows): self._restart()  # the process lost it; a fork
         self._lost = False
         request = {} if self._started else {'start': self._layout}
         self._started, start, self._sent, self._step = True, self._sent, n, self.learn.step
@@ -100,7 +101,7 @@ class LivePlot(Callback):
         return request, payload
 
     def _on_reply(self, reply, png):
-        "The rendering process's answer (from its thread): a live frame shown in the fit's cell, the final one kept for `after_fit`."
+        "The rendering process's answer (from its thread): a live frame shown in the fit's cell, the final one kept."
         if reply.get('unknown'): self._lost = True  # a new process: the next hand-over starts the job again
         if reply.get('error'): self.error = reply['error']
         if reply.get('draw') == 'final':
@@ -115,7 +116,7 @@ class LivePlot(Callback):
         self.show(png, step)
 
     def after_fit(self):
-        "The final frame, however the fit ended: as `recorder.plot()` draws it, by the rendering process or, if it fails, here."
+        "The final frame, however the fit ended: as `recorder.plot()` draws it, by the rendering process (or here)."
         for attempt in range(2):  # a second time if the process had lost the job (it was restarted): with all the data
             self._final, self._final_done = ({}, b''), threading.Event()
             self._hand_over(draw='final', end=True)

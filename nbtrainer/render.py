@@ -182,7 +182,8 @@ class Frames:
         buf = io.BytesIO()
         image = PIL.Image.frombuffer('RGBA', canvas.get_width_height(), canvas.buffer_rgba(), 'raw', 'RGBA', 0, 1)
         # a few flat colours and anti-aliased edges: 256 colours look the same, and encode in half the time, a third the bytes
-        image.convert('RGB').quantize(256, method=PIL.Image.Quantize.FASTOCTREE).save(buf, format='png', compress_level=1)
+        quantized = image.convert('RGB').quantize(256, method=PIL.Image.Quantize.FASTOCTREE)
+        quantized.save(buf, format='png', compress_level=1)
         return buf.getvalue()
 
 def nice_limit(x):
@@ -211,7 +212,8 @@ class LiveFigure:
     def add(self, steps=(), losses=(), smoothed=(), rows=()):
         "Append new batches (their steps, losses and smoothed losses) and new history rows."
         if not len(steps) == len(losses) == len(smoothed):
-            raise ValueError(f'{len(steps)} steps, {len(losses)} losses and {len(smoothed)} smoothed losses: one of each a batch')
+            raise ValueError(f'{len(steps)} steps, {len(losses)} losses and {len(smoothed)} smoothed losses: '
+                             'one of each a batch')
         self.steps.extend(steps); self.losses.extend(losses); self.smoothed.extend(smoothed); self.rows.extend(rows)
 
     @property
@@ -223,8 +225,9 @@ class LiveFigure:
 
     def _draw(self, fig):
         import numpy as np
-        return draw_history(fig, np.frombuffer(self.steps, dtype=np.int64), self.losses.tolist(), self.smoothed.tolist(),
-                            self.rows, self.metrics, self.parent)
+        steps = np.frombuffer(self.steps, dtype=np.int64)
+        losses, smoothed = self.losses.tolist(), self.smoothed.tolist()
+        return draw_history(fig, steps, losses, smoothed, self.rows, self.metrics, self.parent)
 
     def live_png(self):
         "A live frame: the figure kept for this theme, the x axis to a round number past the data, sticky y ranges."
@@ -242,7 +245,7 @@ class LiveFigure:
     def _sticky_ylim(self, i, ax):
         "Keep an axis's range while the data fits in it and fills half of it: unchanged limits make a frame cheap."
         lo, hi = ax.dataLim.intervaly  # the data's range (draw_history has just run relim)
-        if not (math.isfinite(lo) and math.isfinite(hi)): return ax.set_ylim(0, 1)  # no data yet: a range for what comes
+        if not (math.isfinite(lo) and math.isfinite(hi)): return ax.set_ylim(0, 1)  # no data yet: room for what comes
         log = ax.get_yscale() == 'log'  # a loss over decades: the same rule on log10 of the values
         if log: lo, hi = math.log10(lo), math.log10(hi)
         kept = self.limits[i, log] = _sticky(self.limits.get((i, log)), lo, hi)  # apart: a loss axis may turn log
@@ -282,7 +285,8 @@ def read_message(stream):
 def pack_arrays(**columns):
     "Typed arrays as (their description, their bytes), for a request: steps as int64, values as float64."
     found = [(name, 'q' if name == 'steps' else 'd', values) for name, values in columns.items()]
-    return [[name, code, len(values)] for name, code, values in found], b''.join(array(code, v).tobytes() for _, code, v in found)
+    payload = b''.join(array(code, values).tobytes() for _, code, values in found)
+    return [[name, code, len(values)] for name, code, values in found], payload
 
 def unpack_arrays(description, payload):
     "The arrays `pack_arrays` packed, by name."
@@ -327,9 +331,9 @@ class Drawer:
         fig.canvas.draw()
 
 def serve(stdin=None, stdout=None):
-    "The rendering process's loop: answer each request from `stdin` on `stdout` until `stdin` ends (the kernel has gone)."
+    "The rendering process's loop: answer each request from `stdin` on `stdout` until `stdin` ends (the kernel is gone)."
     stdin, stdout = stdin or sys.stdin.buffer, stdout or sys.stdout.buffer
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel's interrupt button (sent to its process group) is not for us
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel's interrupt (sent to its process group) is not for us
     drawer = Drawer()
     drawer.warm_up()
     while (message := read_message(stdin)) is not None:
@@ -339,7 +343,7 @@ def serve(stdin=None, stdout=None):
 _BOOT = 'import runpy, sys; path, sys.path[:] = sys.argv[1], sys.argv[2:]; runpy.run_path(path)["serve"]()'
 
 class Renderer:
-    "The kernel's side of the rendering process: `submit` requests from any thread, without waiting; callbacks get the replies."
+    "The kernel's side of the rendering process: `submit` requests from any thread, never waiting; callbacks get replies."
     _shared, _shared_lock = None, threading.Lock()
 
     def __init__(self, process=True):
@@ -364,7 +368,7 @@ class Renderer:
         return self
 
     def submit(self, request, payload=b'', on_reply=None):
-        "Send `request` (a dict, see `Drawer.answer`) with its binary `payload`; `on_reply(reply, png)` is called with the answer."
+        "Send `request` (a dict: `Drawer.answer`) and its binary `payload`; `on_reply(reply, png)` gets the answer."
         if not self.process: return self._reply(on_reply, *self.drawer.answer(request, payload))
         self.start()
         self.requests.put((request, payload, on_reply))
@@ -372,7 +376,7 @@ class Renderer:
     def _reply(self, on_reply, reply, png):
         if on_reply is None: return
         try: on_reply(reply, png)
-        except Exception as e: print(f'nbtrainer: a live frame could not be shown: {type(e).__name__}: {e}', file=sys.stderr)
+        except Exception as e: print(f'nbtrainer: a frame could not be shown: {type(e).__name__}: {e}', file=sys.stderr)
 
     def _spawn(self):
         "Start the rendering process: this file as a script, with the kernel's import path and nothing else."
@@ -394,10 +398,11 @@ class Renderer:
                 message = read_message(self.proc.stdout)
                 if message is None: raise EOFError('the rendering process ended')
                 reply, png = message
-            except (OSError, EOFError, ValueError) as e:  # the process died or could not start: the next request starts one
+            except (OSError, EOFError, ValueError) as e:  # the process died or did not start: the next request starts one
                 if self.proc is not None: self.proc.kill()
                 self.proc = None
-                reply, png = {'job': request['job'], 'id': request.get('id'), 'error': f'the rendering process failed: {e}'}, b''
+                reply = {'job': request['job'], 'id': request.get('id'), 'error': f'the rendering process failed: {e}'}
+                png = b''
             self._reply(on_reply, reply, png)
 
     def stop(self):
