@@ -11,7 +11,7 @@ __all__ = ['DISPLAY_DPI', 'PIXEL_RATIO', 'FIGURE_SIZE', 'LEGEND_POINTS', 'THEMES
            'serve', 'Renderer']
 
 # %% ../nbs/03a_render.ipynb #04513e47
-import collections, importlib.util, io, itertools, json, math, queue, signal, struct, subprocess, sys, threading
+import collections, importlib.util, io, itertools, json, math, os, queue, signal, struct, subprocess, sys, threading
 from array import array
 
 # %% ../nbs/03a_render.ipynb #27aa98b7
@@ -350,13 +350,13 @@ class Renderer:
         self.process = process
         self.drawer = None if process else Drawer()  # process=False: drawn in the caller's thread
         self.requests, self.thread, self.proc, self.starts = queue.SimpleQueue(), None, None, 0
-        self._lock = threading.Lock()
+        self._lock, self.pid = threading.Lock(), os.getpid()
 
     @classmethod
     def shared(cls):
         "The kernel's renderer: one process for every live figure of this Python process, started once."
-        with cls._shared_lock:
-            if cls._shared is None: cls._shared = cls()
+        with cls._shared_lock:  # a process forked from the kernel (a DDP rank) has no thread of it: it starts its own
+            if cls._shared is None or cls._shared.pid != os.getpid(): cls._shared = cls()
             return cls._shared
 
     def start(self):
