@@ -298,7 +298,7 @@ class Dashboard(Callback):
     def _new_controls(self):
         "Stop, Pause and Save as one `ToggleButtons` (one view in the browser, reset after a click), and the LR field."
         import ipywidgets as W
-        actions = _edited(W.ToggleButtons, options=self._actions(), index=None, icons=self._icons(),
+        actions = _edited(W.ToggleButtons, options=self._actions(), index=None,
                           tooltips=['end the fit after this batch', 'hold at the next step (Resume goes on)',
                                     'write a checkpoint at the next step (at once while paused)'],
                           style={'button_width': '84px'})
@@ -317,13 +317,11 @@ class Dashboard(Callback):
         pause = 'Resume' if self.controls.paused else 'Pause'
         return [('Stopping' if self._stopping else 'Stop', 'stop'), (pause, 'pause'), ('Save', 'save')]
 
-    def _icons(self): return ['stop', 'play' if self.controls.paused else 'pause', 'save']
-
     def _sync_controls(self):
         "The buttons' labels as the fit stands (Resume while paused, Stopping after a stop); the fork choices."
         with self._lock:
             for box in self.boxes:
-                box.actions.options, box.actions.icons = self._actions(), self._icons()
+                box.actions.options = self._actions()
                 box.actions.disabled = self._stopping
                 self._sync_forks(box)
 

@@ -255,7 +255,7 @@ class LiveFigure:
         "The final figure: a new one, drawn as `recorder.plot()` draws it (axes fitting the data), full colours."
         fig = self._draw(figure(self.theme))
         if self.x_max is not None: fig.axes[0].set_xlim(0, self.x_max)
-        return figure_png(fig)
+        return figure_png(fig, fast=True)  # the same pixels, sooner: the summary waits for it
 
 # %% ../nbs/03a_render.ipynb #7701d37d
 _HEADER = struct.Struct('<II')  # the lengths of a message's JSON part and binary part

@@ -34,7 +34,9 @@ def running_steps(page, i):
     "The step in the 'Fit running: step N' line of cell `i`'s output, None when not shown."
     box = cell(page, i).locator(output('Fit running'))
     if not box.count() or not box.first.is_visible(): return None
-    found = re.search(r'Fit running: step (\d+)', box.first.inner_text())
+    try: text = box.first.inner_text(timeout=2000)
+    except Exception: return None  # gone meanwhile: the fit has ended
+    found = re.search(r'Fit running: step (\d+)', text)
     return int(found.group(1)) if found else None
 
 

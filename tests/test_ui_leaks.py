@@ -8,8 +8,8 @@ space is reserved from the start, and what a notebook saved mid-fit keeps.
    one-time costs). The HTML dashboard's growth equals the bare fit's within 5%; the widget dashboard's exceeds it by
    at most 40 nodes: the emptied shells of its controls' three widget views, which the front end keeps (see the
    dashboard notebook).
-2. The live dashboard's height, sampled every animation frame over the second run (while its controls show), moves
-   by a few px at most: bars, figure and rows arrive into space kept for them.
+2. The live dashboard's height, sampled every animation frame over the second run (once its three outputs are shown,
+   while its controls are), moves by a few px at most: bars, figure and rows arrive into space kept for them.
 3. A background fit; the notebook saved with Ctrl+S while it runs and read from disk: the cell that started it holds
    plain HTML outputs with the fit's figure, table and step, which a notebook reopened without the kernel shows.
 Fixtures and helpers come from tests/test_ui.py."""
@@ -34,10 +34,11 @@ HTML = ("html_learn = Learner(SlowMLP(), dl, small, lr=0.05, display='html')  # 
 CELLS = [SETUP + '\nn = 0', FIT, PLAIN, HTML, 'task = learn.fit_async(100, eval_every=4)  # in the background']
 BACKGROUND = 4
 
-# The dashboard's height (its cell's outputs) every frame while its controls show, and its outputs' heights.
+# The dashboard's height (its cell's outputs) every frame while its controls and figure show, and its outputs' heights.
 SAMPLE = '''sel => { window.__heights = []; window.__parts = new Set();
   const tick = () => { const d = document.querySelector(sel);
-    if (d && d.querySelector('.nbtrainer-controls button') && d.getClientRects().length) {
+    const shown = d && d.querySelector('.nbtrainer-controls button') && d.querySelector('.nbtrainer-view');
+    if (shown && d.getClientRects().length) {
              window.__heights.push(d.getBoundingClientRect().height);
              window.__parts.add([...d.querySelectorAll('.jp-OutputArea-child')]
                                 .map(c => c.getBoundingClientRect().height).join(',')); }
@@ -110,7 +111,8 @@ def test_three_fits_leave_the_page_as_they_found_it_and_a_mid_fit_save_keeps_the
             page.keyboard.press('Control+s')
             deadline = time.time() + 30
             while True:
-                saved = nbformat.read(folder / 'ui_fit.ipynb', as_version=4).cells[BACKGROUND].outputs
+                try: saved = nbformat.read(folder / 'ui_fit.ipynb', as_version=4).cells[BACKGROUND].outputs
+                except ValueError: saved = []  # read while the server writes it: again
                 html = [o['data']['text/html'] for o in saved if 'text/html' in o.get('data', {})]
                 if any('Fit running' in h for h in html) and any('nbtrainer-figure' in h for h in html): break
                 assert time.time() < deadline, f'no mid-fit outputs saved: {saved}'
