@@ -345,11 +345,12 @@ _BOOT = 'import runpy, sys; path, sys.path[:] = sys.argv[1], sys.argv[2:]; runpy
 class Renderer:
     "The kernel's side of the rendering process: `submit` requests from any thread, never waiting; callbacks get replies."
     _shared, _shared_lock = None, threading.Lock()
+    max_failures = 3  # failed requests in a row after which no process is started any more: they fail at once
 
     def __init__(self, process=True):
         self.process = process
         self.drawer = None if process else Drawer()  # process=False: drawn in the caller's thread
-        self.requests, self.thread, self.proc, self.starts = queue.SimpleQueue(), None, None, 0
+        self.requests, self.thread, self.proc, self.starts, self.failures = queue.SimpleQueue(), None, None, 0, 0
         self._lock, self.pid = threading.Lock(), os.getpid()
 
     @classmethod
@@ -387,22 +388,27 @@ class Renderer:
         self.starts += 1
 
     def _serve_requests(self):
-        "The thread: start the process, then write each request and read its reply, in order; restart it if it died."
+        """The thread: start the process, then write each request and read its reply, in order; restart the process if
+        it died, but not after `max_failures` in a row (one that cannot start would be started again every second)."""
         try: self._spawn()
         except OSError as e: print(f'nbtrainer: the rendering process did not start: {e}', file=sys.stderr)
         while True:
             request, payload, on_reply = self.requests.get()
+            reply = {'job': request['job'], 'id': request.get('id')}
+            if self.failures >= self.max_failures:  # it cannot start: the request fails at once
+                self._reply(on_reply, {**reply, 'error': f'the rendering process failed {self.failures} times in a row: '
+                                                         'it is not started again'}, b'')
+                continue
             try:
                 if self.proc is None or self.proc.poll() is not None: self._spawn()
                 write_message(self.proc.stdin, request, payload)
                 message = read_message(self.proc.stdout)
                 if message is None: raise EOFError('the rendering process ended')
-                reply, png = message
+                (reply, png), self.failures = message, 0
             except (OSError, EOFError, ValueError) as e:  # the process died or did not start: the next request starts one
                 if self.proc is not None: self.proc.kill()
-                self.proc = None
-                reply = {'job': request['job'], 'id': request.get('id'), 'error': f'the rendering process failed: {e}'}
-                png = b''
+                self.proc, self.failures = None, self.failures + 1
+                reply, png = {**reply, 'error': f'the rendering process failed: {e}'}, b''
             self._reply(on_reply, reply, png)
 
     def stop(self):
