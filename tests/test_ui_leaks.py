@@ -107,7 +107,7 @@ def test_three_fits_leave_the_page_as_they_found_it_and_a_mid_fit_save_keeps_the
             run_cell(page, BACKGROUND)
             live = cell(page, BACKGROUND)
             wait_for_status(page, live, r'step (\d\d\d)')  # some evaluations and a frame or two in
-            live.locator('.nbtrainer-figure').wait_for(timeout=60_000)
+            live.locator('.nbtrainer-view .nbtrainer-history').wait_for(timeout=60_000)  # a frame and rows with it
             page.keyboard.press('Control+s')
             deadline = time.time() + 30
             while True:
