@@ -16,7 +16,7 @@ from .callback import Callback, Order
 from .metrics import metric_name
 from .progress import in_jupyter
 from .recorder import smooth
-from .render import Renderer, figure_png, pack_arrays
+from .render import Renderer, figure_frame, pack_arrays
 
 # %% ../nbs/14_liveplot.ipynb #0ae36624
 _JOBS = itertools.count(1)  # a job per fit, numbered in this process: the rendering process keeps each one's data
@@ -134,7 +134,7 @@ class LivePlot(Callback):
         from nbtrainer.plotting import plot_history
         fig = plot_history(self.learn.recorder, theme=self._layout['theme'], parent=self.parent_curves)
         if self.x_max is not None: fig.axes[0].set_xlim(0, self.x_max)
-        return figure_png(fig)
+        return figure_frame(fig)
 
     def show(self, png, step=None, final=False):
         "Put a frame where it goes: the notebook output (updated in place), the PNG file. Subclasses redirect it."

@@ -7,8 +7,8 @@ Docs: https://nbtrainer.github.io/nbtrainer/render.html.md"""
 # %% auto #0
 __all__ = ['DISPLAY_DPI', 'PIXEL_RATIO', 'FIGURE_SIZE', 'LEGEND_POINTS', 'THEMES', 'NOT_METRICS', 'figure', 'theme_context',
            'display_size', 'figure_png', 'thin', 'every_kth', 'valid_points', 'metric_names', 'draw_history', 'Frames',
-           'nice_limit', 'LiveFigure', 'write_message', 'read_message', 'pack_arrays', 'unpack_arrays', 'Drawer',
-           'serve', 'Renderer']
+           'frame_png', 'figure_frame', 'nice_limit', 'LiveFigure', 'write_message', 'read_message', 'pack_arrays',
+           'unpack_arrays', 'Drawer', 'serve', 'Renderer']
 
 # %% ../nbs/03a_render.ipynb #04513e47
 import collections, importlib.util, io, itertools, json, math, os, queue, signal, struct, subprocess, sys, threading
@@ -153,8 +153,7 @@ class Frames:
         self.full_draws = self.x_draws = 0
 
     def png(self):
-        "Draw the current state and encode it (256 colours, fast zlib level: frames are soon replaced)."
-        import PIL.Image
+        "Draw the current state and encode it (`frame_png`, the fast zlib level: frames are soon replaced)."
         fig, canvas = self.fig, self.canvas
         lines = [line for ax in fig.axes for line in ax.lines]
         static_key, x_key = [(ax, ax.get_ylim()) for ax in fig.axes], [ax.get_xlim() for ax in fig.axes]
@@ -179,12 +178,24 @@ class Frames:
         for line in lines:
             line.axes.draw_artist(line)
             line.set_animated(False)  # `fig` itself stays a complete figure, e.g. for savefig
-        buf = io.BytesIO()
-        image = PIL.Image.frombuffer('RGBA', canvas.get_width_height(), canvas.buffer_rgba(), 'raw', 'RGBA', 0, 1)
-        # a few flat colours and anti-aliased edges: 256 colours look the same, and encode in half the time, a third the bytes
-        quantized = image.convert('RGB').quantize(256, method=PIL.Image.Quantize.FASTOCTREE)
-        quantized.save(buf, format='png', compress_level=1)
-        return buf.getvalue()
+        return frame_png(canvas)
+
+def frame_png(canvas, compress_level=1):
+    """What `canvas` shows, as a PNG of 256 colours: a plot's few flat colours and their anti-aliased edges look the
+    same, encode in half the time and weigh a third. `compress_level`: zlib's, 1 (fast) to 9."""
+    import PIL.Image
+    buf = io.BytesIO()
+    image = PIL.Image.frombuffer('RGBA', canvas.get_width_height(), canvas.buffer_rgba(), 'raw', 'RGBA', 0, 1)
+    quantized = image.convert('RGB').quantize(256, method=PIL.Image.Quantize.FASTOCTREE)
+    quantized.save(buf, format='png', compress_level=compress_level)
+    return buf.getvalue()
+
+def figure_frame(fig):
+    "`fig` drawn in full and encoded as a frame (`frame_png`, compressed well): what a fit's summary keeps of its figure."
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return frame_png(canvas, compress_level=9)
 
 def nice_limit(x):
     "The smallest of 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 (x 10^n) that is >= `x`: an axis end the data fills 3/4 or more of."
@@ -252,10 +263,10 @@ class LiveFigure:
         ax.set_ylim(*((10 ** kept[0], 10 ** kept[1]) if log else kept))
 
     def final_png(self):
-        "The final figure: a new one, drawn as `recorder.plot()` draws it (axes fitting the data), full colours."
+        "The final figure: a new one, drawn as `recorder.plot()` draws it (axes fitting the data), as a frame (`figure_frame`)."
         fig = self._draw(figure(self.theme))
         if self.x_max is not None: fig.axes[0].set_xlim(0, self.x_max)
-        return figure_png(fig, fast=True)  # the same pixels, sooner: the summary waits for it
+        return figure_frame(fig)
 
 # %% ../nbs/03a_render.ipynb #7701d37d
 _HEADER = struct.Struct('<II')  # the lengths of a message's JSON part and binary part
