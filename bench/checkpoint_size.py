@@ -8,7 +8,8 @@ append-only side file) and for `learn.save(path)` (its rows in `batches-<run id>
   - the time to load it into a fresh Learner, rows included, and the bytes a batch's row then takes in memory (the
     rows are mapped from the side file, not read);
   - in the last Learner loaded (once, not a median), the first save after 100 more batches (it appends them, reading
-    none of the file), then the first read of every row (`train_losses`: the rows' one CRC-32 check and a list of floats).
+    none of the file), then the first read of every row (`train_losses`: the rows' one CRC-32 check and a list of floats);
+  - in another Learner loaded, the first save to a new folder (its side file starts as a copy of the loaded one's rows).
 Median of 5 repeats; times on this shared machine are noisy, the trend across N is the point.
 
     python bench/checkpoint_size.py [--sizes 10000 100000 1000000]
@@ -73,8 +74,14 @@ def measure(n, side_file, repeats=5):
     start = time.perf_counter()
     assert len(fresh.recorder.train_losses) == n + 100 * (repeats + 1)
     read = time.perf_counter() - start
+    elsewhere = learner()
+    elsewhere.load(folder / 'ckpt.pt')
+    more_rows(elsewhere)
+    start = time.perf_counter()
+    elsewhere.save(folder / 'elsewhere' / 'copy.pt')
+    elsewhere_save = time.perf_counter() - start
     median = statistics.median
-    return (folder / 'ckpt.pt').stat().st_size, median(saves), median(loads), memory, resumed_save, read
+    return (folder / 'ckpt.pt').stat().st_size, median(saves), median(loads), memory, resumed_save, read, elsewhere_save
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -84,12 +91,13 @@ def main():
     print(f'{"batches":>10} | {"Checkpointer (side file)":^33} | {"learn.save(path) (own side file)":^33} | loaded rows '
           '| in the loaded Learner (Checkpointer)')
     print(f'{"":>10} | {"size":>9} {"save":>11} {"load":>11} | {"size":>9} {"save":>11} {"load":>11} | in memory '
-          f'  | {"first save":>11} {"read all":>10}')
+          f'  | {"first save":>11} {"read all":>10} {"save elsewhere":>14}')
     for n in args.sizes:
         figures = [measure(n, side) for side in (True, False)]
         cells = ' | '.join(f'{size / 1e3:8.0f}K {save * 1e3:9.1f}ms {load * 1e3:9.1f}ms' for size, save, load, *_ in figures)
-        resumed_save, read = figures[0][4:]
-        print(f'{n:>10} | {cells} | {figures[0][3]:5.1f} B/batch | {resumed_save * 1e3:9.1f}ms {read * 1e3:8.1f}ms')
+        resumed_save, read, elsewhere = figures[0][4:]
+        print(f'{n:>10} | {cells} | {figures[0][3]:5.1f} B/batch | {resumed_save * 1e3:9.1f}ms {read * 1e3:8.1f}ms '
+              f'{elsewhere * 1e3:12.1f}ms')
 
 if __name__ == '__main__':
     main()

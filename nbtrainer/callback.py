@@ -32,7 +32,7 @@ SCOPES = ('fit', 'epoch', 'train', 'validate', 'batch', 'backward', 'step')
 EVENTS = ('before_fit', 'before_epoch', 'before_train', 'before_batch', 'after_pred', 'after_loss',
           'before_backward', 'after_backward', 'before_step', 'after_step', 'after_batch',
           'after_train', 'before_validate', 'after_validate', 'after_eval', 'after_epoch', 'after_fit', 'after_fork',
-          *(f'after_cancel_{s}' for s in SCOPES))
+          *(f'after_cancel_{s}' for s in SCOPES), 'claim', 'release')
 
 # the events fired for every batch, in training and in validation: a callback can listen to them in one phase only
 BATCH_EVENTS = frozenset({'before_batch', 'after_pred', 'after_loss', 'before_backward', 'after_backward', 'before_step',
@@ -59,6 +59,7 @@ class Callback:
 
     def state_dict(self): return {}
     def load_state_dict(self, state): pass
+    def check_state(self, state): "Raise a ValueError if `state`, read from a file, is not one `load_state_dict` takes."
 
 # %% ../nbs/00a_callback.ipynb #54652b16
 class FunctionCallback(Callback):

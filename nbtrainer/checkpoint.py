@@ -6,10 +6,11 @@ Docs: https://nbtrainer.github.io/nbtrainer/checkpoint.html.md"""
 
 # %% auto #0
 __all__ = ['FORMAT', 'ROW_WIDTH', 'ROW_BYTES', 'CONFIG_PARTS', 'STATE_FILE', 'plain_state_dict', 'run_config', 'config_changes',
-           'read_checkpoint', 'training_state', 'load_training_state', 'plain_checkpoint', 'Checkpointer']
+           'read_checkpoint', 'training_state', 'load_plain_state_dict', 'load_training_state', 'plain_checkpoint',
+           'Checkpointer']
 
 # %% ../nbs/08_checkpoint.ipynb #51cc03d5
-import fcntl, hashlib, math, os, shutil, socket, threading, warnings, weakref, zipfile, zlib
+import fcntl, hashlib, math, numbers, os, shutil, socket, threading, warnings, weakref, zlib
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,8 @@ from .checks import writable_folder
 from .core import Learner, patch_to
 from .data import data_fingerprint, examples_digest
 from .recorder import Recorder, check_monitor, monitored_value
+from .runfiles import (CHECKPOINT_NAME, bare_name, map_rows, read_rows, read_shard_metadata, read_shards,
+                                read_torch_file, shard_errors, shard_planner, shard_reader, side_file)
 
 # %% ../nbs/08_checkpoint.ipynb #f5e5cb7c
 FORMAT = 'nbtrainer-checkpoint-3'
@@ -139,30 +142,18 @@ def _check_run_config(learn, state, path, allow_changes, lr_given, strict):
     warnings.warn(f'{text}: loaded anyway (learn.load(path, allow_changes={parts!r}) says this is intended)', stacklevel=3)
 
 # %% ../nbs/08_checkpoint.ipynb #45356b46
-def _verify_zip(path):
-    "Check the CRC-32 of every record of a checkpoint (a zip file); a record that fails is named."
-    try:
-        with zipfile.ZipFile(path) as z: bad = z.testzip()
-    except zipfile.BadZipFile as e: raise ValueError(f'{path} is not a readable checkpoint (truncated or corrupt?): {e}') from None
-    if bad is not None:
-        raise ValueError(f'{path} is corrupt: its record {bad!r} fails its CRC-32 checksum (a bad disk or a bad copy?). '
-                         'resume=True skips it for the newest intact checkpoint')
-
 def read_checkpoint(path, map_location='cpu'):
-    "Read a checkpoint file safely (`weights_only`) after checking its checksums; one clear error for a missing, truncated, corrupt or foreign file."
+    """Read a checkpoint safely, a file or a sharded checkpoint's folder, through `nbs/00h_runfiles.ipynb`'s readers:
+    checksums checked, nothing unpickled outside an allow list; one clear error for a missing, truncated, corrupt,
+    crafted or foreign one."""
     path = Path(path)
     if path.is_dir(): return _read_shards(path)  # a sharded checkpoint: tensors are read by `_load_tensors`
-    if not path.is_file(): raise FileNotFoundError(f'no checkpoint at {path}')
-    if zipfile.is_zipfile(path): _verify_zip(path)
-    try: state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:
-        raise ValueError(f'{path} is not a readable checkpoint (truncated or corrupt?): {type(e).__name__}: {e}') from None
+    state = read_torch_file(path, map_location)
     if not isinstance(state, dict) or 'model' not in state:
         raise ValueError(f'{path} is not an nbtrainer checkpoint: it has no "model" key')
     return state
 
-def _read_rows(file, start, count):
-    return np.fromfile(file, dtype=np.float64, count=count * ROW_WIDTH, offset=start * ROW_BYTES).reshape(-1, ROW_WIDTH)
+def _read_rows(file, start, count): return read_rows(file, ROW_WIDTH, start, count)
 
 _side_crcs = {}  # side file -> (rows, CRC-32 of them) this process wrote or loaded: a save extends it, reading nothing
 def _key(file): return os.path.abspath(file)
@@ -179,14 +170,16 @@ def _append_batch_rows(recorder, file):
     """Bring the append-only side file up to the Recorder's rows; returns what a checkpoint records of them. Rows the
     Recorder no longer holds (a future a resume abandoned, another run's) are cut from a copy put in the file's place:
     a process that mapped the file keeps reading what it mapped."""
-    n = len(recorder.batches['loss'])
+    n = recorder.batch_count()  # restored rows a damaged side file gave are dropped first
     have = file.stat().st_size // ROW_BYTES if file.exists() else 0
     keep = _agreed_rows(recorder, file, have, n)
-    known = _side_crcs.get(_key(file))
+    source = file if keep else _loaded_rows(recorder, file, n)  # a new file: the loaded side file's rows, copied
+    if source != file: keep, known = _loaded_from[recorder][1:]
+    else: known = _side_crcs.get(_key(file))
     crc = known[1] if known is not None and known[0] == keep else zlib.crc32(_read_rows(file, 0, keep)) if keep else 0
     new = recorder.batch_rows(keep, n)
-    target = file if keep == have else file.with_name(f'.{file.name}.tmp')
-    if target != file and keep: shutil.copyfile(file, target)
+    target = file if keep == have and source == file else file.with_name(f'.{file.name}.tmp')
+    if target != file and keep: shutil.copyfile(source, target)
     with open(target, 'r+b' if target.exists() else 'wb') as f:
         f.truncate(keep * ROW_BYTES)
         f.seek(0, os.SEEK_END)
@@ -198,6 +191,16 @@ def _append_batch_rows(recorder, file):
     _side_crcs[_key(file)] = (n, crc)
     return {'file': file.name, 'rows': n, 'crc32': crc, 'last': recorder.batch_rows(n - 1, n)[0].tolist() if n else []}
 
+_loaded_from = weakref.WeakKeyDictionary()  # Recorder -> (side file, rows, (rows, CRC-32)) a load mapped its rows from
+
+def _loaded_rows(recorder, file, n):
+    "The side file a load mapped the Recorder's first rows from, if they are still its rows; else `file`."
+    source, count, _ = _loaded_from.get(recorder, (None, 0, None))
+    if source is None or source == file or not 0 < count <= n or not source.is_file(): return file
+    if source.stat().st_size < count * ROW_BYTES: return file
+    same = np.array_equal(_read_rows(source, count - 1, 1), recorder.batch_rows(count - 1, count))
+    return source if same else file
+
 def _batch_rows(state, path):
     """The per-batch rows a checkpoint holds, or refers to in its side file, and a check of them to run before they are
     first read (None: checked already). Side-file rows are mapped, not read: a load takes the same time at any step.
@@ -205,8 +208,10 @@ def _batch_rows(state, path):
     rows = state.get('batches')
     if rows is None: return None, None
     if 'file' not in rows: return rows['rows'].numpy(), None
-    file = Path(path).parent / rows['file']  # beside the checkpoint: the folder may have been copied or moved
+    file = side_file(Path(path).parent, rows['file'], path)  # beside the checkpoint: the folder may have been copied or moved
     count, step = rows['rows'], state.get('progress', {}).get('step', state.get('step'))
+    if not (isinstance(count, int) and count >= 0 and isinstance(rows.get('last', []), list)):
+        raise ValueError(f'{path} is not a checkpoint nbtrainer wrote, or was altered: its per-batch rows are {count!r}')
     def damaged():
         warnings.warn(f'the per-batch history of {path} ({count} rows in {file}) is missing or damaged: the weights, '
                       f'optimizer, evaluation history and position load as saved, but the per-batch losses before step '
@@ -217,7 +222,7 @@ def _batch_rows(state, path):
         damaged()
         return np.zeros((0, ROW_WIDTH)), None
     if not count or 'crc32' not in rows: return _read_rows(file, 0, count), None  # an early format 3: no CRC
-    mapped, found = np.memmap(file, dtype=np.float64, mode='r', shape=(count, ROW_WIDTH)), []
+    mapped, found = map_rows(file, ROW_WIDTH, count), []
     # their CRC-32 is computed beside the fit (zlib lets go of the GIL), and compared when the rows are first read
     crc = threading.Thread(target=lambda: found.append(zlib.crc32(mapped)), name='nbtrainer-side-file-crc', daemon=True)
     crc.start()
@@ -267,8 +272,8 @@ def _check_model(model, state, path):
                + ([f'shape mismatch {"; ".join(shapes[:5])}'] if shapes else [])
     if problems: raise ValueError(f'checkpoint {path} does not fit this model: ' + '; '.join(problems))
 
-def _load_model(model, state):
-    "Load a plain state_dict into `model`, adding back a wrapper prefix (DDP, compile) if the model has one."
+def load_plain_state_dict(model, state):
+    "Load a plain state_dict (no `module.` or `_orig_mod.` prefixes) into `model`, adding back the prefixes it has."
     target_keys = list(model.state_dict())
     plain_keys = list(plain_state_dict(model.state_dict()))
     model.load_state_dict({t: state[p] for t, p in zip(target_keys, plain_keys)})
@@ -279,12 +284,12 @@ def _check_optimizer(opt, state, path):
     if saved is not None and saved != type(opt).__name__:
         raise ValueError(f'checkpoint {path} was trained with {saved}, but this Learner uses {type(opt).__name__}: '
                          f'create the Learner with opt_func=torch.optim.{saved}, or load the weights alone with '
-                         'learn.load(path, weights_only=True)')
+                         'learn.load(path, model_only=True)')
     groups, ours = state['optimizer']['param_groups'], opt.param_groups
     if [len(g['params']) for g in groups] != [len(g['params']) for g in ours]:
         raise ValueError(f'checkpoint {path} has {len(groups)} parameter groups of {[len(g["params"]) for g in groups]} '
                          f'parameters, this optimizer {len(ours)} of {[len(g["params"]) for g in ours]}: build the optimizer '
-                         'the same way, or load the weights alone with learn.load(path, weights_only=True)')
+                         'the same way, or load the weights alone with learn.load(path, model_only=True)')
 
 def _check_data(learn, state, path):
     "Resuming on other data would continue on another split: refuse, showing both fingerprints."
@@ -308,24 +313,39 @@ def _upgrade(state):
                              'last_eval_step': state['last_eval_step']}
         state['pass'] = {k: v for k, v in position.items() if k != 'epoch'}
         state['precision'] = {'scaler': state['scaler']} if state.get('scaler') else {}
-    for kept in state['callbacks'].values():  # the Checkpointer's kept files: names in its folder (format 2 had paths)
+    for kept in state['callbacks'].values() if state.get('format') != FORMAT else ():  # format 2 kept paths, not names
         if isinstance(kept, dict) and {'last', 'best'} <= set(kept):
             kept['last'] = [Path(p).name for p in kept['last']]
             kept['best'] = [[s, Path(p).name, r] for s, p, r in kept['best']]
     return state
 
 @patch_to(Learner)
-def load(learn, path, weights_only=False, check_data=True, allow_changes=None, strict=False, lr_given=False):
-    """Put the state saved by `learn.save` back: everything, or only the model weights. Returns the checkpoint's contents.
-    A checkpoint of another configuration loads with a warning naming each difference (`strict=True`, as `resume` uses: refused)
-    unless `allow_changes` names those parts (or is True); other data is refused unless `check_data=False`."""
+def load(learn, path, model_only=False, check_data=True, allow_changes=None, strict=False, lr_given=False, weights_only=None):
+    """Put the state saved by `learn.save` back: everything, or with `model_only=True` the model's weights alone. Returns
+    the checkpoint's contents. Every load reads the file safely (torch's `weights_only` unpickling, and more: see "What
+    is safe to load"). A checkpoint of another configuration loads with a warning naming each difference (`strict=True`,
+    as `resume` uses: refused) unless `allow_changes` names those parts (or is True); other data is refused unless
+    `check_data=False`."""
+    if weights_only is not None:  # torch's name for safe unpickling, which every load does: this meant the model alone
+        warnings.warn('learn.load(path, weights_only=...) is now learn.load(path, model_only=...): every load reads the '
+                      'file with torch\'s weights_only unpickler, whichever it is', FutureWarning, stacklevel=2)
+        model_only = weights_only
     state = read_checkpoint(path, learn.device)
     _check_model(learn.model, state['model'], path)
-    if weights_only:
+    if model_only:
         _load_tensors(learn, state, path, optimizer=False)
         return state
-    if 'optimizer' not in state: raise ValueError(f'{path} holds weights only; use learn.load(path, weights_only=True)')
+    if 'optimizer' not in state: raise ValueError(f'{path} holds weights only; use learn.load(path, model_only=True)')
     return load_training_state(learn, state, path, check_data, allow_changes, strict, lr_given)
+
+def _check_states(learn, state, path, keys):
+    "Each callback's check of the state it is about to be given: a crafted or damaged one is refused before any change."
+    for key, cb_state in state['callbacks'].items():
+        cb = keys.get(key)
+        if cb is None: continue
+        try: cb.check_state(cb_state)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
+            raise ValueError(f'{path}: the state of its callback {key} cannot be loaded: {e}') from None
 
 def load_training_state(learn, state, path, check_data=True, allow_changes=None, strict=False, lr_given=False):
     "Put back a state from `training_state` or a checkpoint file (`path` names it in messages), checked before any change."
@@ -345,6 +365,7 @@ def load_training_state(learn, state, path, check_data=True, allow_changes=None,
                 and fingerprint != {k: v for k, v in ours.items() if k != 'examples'}):
             _check_data(learn, {'data': fingerprint}, path)
     _check_run_config(learn, state, path, allow_changes, lr_given, strict)
+    _check_states(learn, state, path, keys)
     rows, verify = _batch_rows(state, path)  # everything that can fail is checked before anything changes
     _load_tensors(learn, state, path)
     learn.lr = state['lr']
@@ -356,6 +377,9 @@ def load_training_state(learn, state, path, check_data=True, allow_changes=None,
         cb = keys.get(key)
         if cb is not None and (learn.main_process or not getattr(cb, 'main_process_only', False)): cb.load_state_dict(cb_state)
     if rows is not None: learn.recorder.restore_batches(rows, verify)
+    if isinstance(rows, np.memmap):  # a save to another side file copies these rows (`_loaded_rows`)
+        _loaded_from[learn.recorder] = (Path(rows.filename), len(rows), _side_crcs[_key(rows.filename)])
+    else: _loaded_from.pop(learn.recorder, None)
     if not learn.main_process: learn.recorder.clear_since_row()  # under DDP the saved sums are every rank's: rank 0 holds them
     return state
 
@@ -388,17 +412,11 @@ def _save_shards(learn, state, path, batches_file):
 
 def _read_shards(path):
     "A sharded checkpoint's `state.pt`, checked with its metadata and shards; the model's tensors as shapes only."
-    from torch.distributed.checkpoint import FileSystemReader
     state = read_checkpoint(path / STATE_FILE)
-    try: meta = FileSystemReader(path).read_metadata()
-    except Exception as e: raise ValueError(f'{path} is not a readable sharded checkpoint (its metadata: {e})') from None
-    for info in meta.storage_data.values():
-        shard = path / info.relative_path
-        if not shard.is_file() or shard.stat().st_size < info.offset + info.length:
-            raise ValueError(f'{path} is incomplete: its shard file {info.relative_path} is missing or truncated '
-                             '(a bad copy?). resume=True skips it for the newest intact checkpoint')
+    meta = read_shard_metadata(path)  # DCP's own reader would unpickle it with no allow list
     state['model'] = {k[len('model.'):]: torch.empty(m.size, dtype=m.properties.dtype, device='meta')
                       for k, m in meta.state_dict_metadata.items() if k.startswith('model.') and hasattr(m, 'size')}
+    state['sharded'] = True  # whatever its state.pt says: the tensors are the shards'
     return state
 
 def _by_name(learn, opt_state):
@@ -412,10 +430,10 @@ def _load_tensors(learn, state, path, optimizer=True):
     "The checkpoint's weights (and optimizer state) into the Learner: each rank reads what it holds of a sharded one."
     if state.get('sharded') or learn.strategy.sharded:
         import torch.distributed.checkpoint as dcp
-        def dcp_load(tensors, checkpoint_id):
-            with warnings.catch_warnings():  # in one process DCP warns that it loads in one process: as intended
+        def dcp_load(tensors, checkpoint_id):  # DCP's reader and planner, with nbtrainer's safe reading in place of pickle
+            with warnings.catch_warnings(), shard_errors(checkpoint_id):  # in one process DCP says so: as intended
                 warnings.filterwarnings('ignore', message='torch.distributed is disabled')
-                dcp.load(tensors, checkpoint_id=checkpoint_id)
+                dcp.load(tensors, storage_reader=shard_reader(checkpoint_id), planner=shard_planner())
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions, get_model_state_dict, get_state_dict, set_model_state_dict, set_optimizer_state_dict,
             set_state_dict)
@@ -433,23 +451,18 @@ def _load_tensors(learn, state, path, optimizer=True):
         if optimizer:
             set_optimizer_state_dict(learn.model, learn.opt, _by_name(learn, state['optimizer']), options=whole)
         return
-    _load_model(learn.model, state['model'])
+    load_plain_state_dict(learn.model, state['model'])
     if optimizer: learn.opt.load_state_dict(state['optimizer'])
 
 def plain_checkpoint(folder, path):
     "Convert the sharded checkpoint `folder` into one plain checkpoint file at `path`, which `torch.load` reads alone."
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     folder, path = Path(folder), Path(path)
     state = read_checkpoint(folder)
     if not state.get('sharded'): raise ValueError(f'{folder} is a plain checkpoint already: it needs no conversion')
     rows, verify = _batch_rows(state, folder)
     if verify is not None and not verify(): rows = np.zeros((0, ROW_WIDTH))
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f'.{path.name}.whole.tmp')
-    try:
-        dcp_to_torch_save(folder, tmp)  # every shard gathered into whole tensors, in this one process
-        tensors = torch.load(tmp, weights_only=True)
-    finally: tmp.unlink(missing_ok=True)
+    tensors = read_shards(folder)  # every shard gathered into whole tensors, in this one process, read safely
     groups = tensors['optimizer']['param_groups']
     position = {n: i for i, n in enumerate(n for g in groups for n in g['params'])}
     state['model'], state['sharded'] = tensors['model'], False
@@ -502,13 +515,16 @@ class Checkpointer(Callback):
 
     def _path(self, name): return self.folder / name
 
-    def before_fit(self):
-        if self.keep_best: self.monitor = check_monitor(self.learn, 'Checkpointer', self._monitor_asked)
+    def claim(self):
+        "The fit starts: lock the folder before any callback opens a file (a refused process writes nothing)."
         if not self.learn.main_process: return  # under DDP rank 0 alone writes
         self._folder = self.folder  # fixed for the fit, whatever it changes
         writable_folder(self._folder, type(self).__name__)  # now, not at the first save after an epoch of training
         self._take_lock()
         for leftover in self._folder.glob('.*.pt.tmp'): _remove(leftover)  # half-written by a killed run
+
+    def before_fit(self):
+        if self.keep_best: self.monitor = check_monitor(self.learn, 'Checkpointer', self._monitor_asked)
 
     def _take_lock(self):
         "One writer per folder: a second process writing the same run would delete or overwrite its files."
@@ -517,7 +533,7 @@ class Checkpointer(Callback):
         try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.seek(0)
-            holder = f.read().strip() or 'another process'
+            holder = ascii(f.read(200).strip()).strip("'") or 'another process'  # the file's words, shown as text only
             f.close()
             raise RuntimeError(f'{self._folder} is being written by {holder}: two runs writing one checkpoint folder would '
                                'delete each other\'s files. Give this run a folder of its own, or wait for the other to end') from None
@@ -527,7 +543,7 @@ class Checkpointer(Callback):
         f.flush()
         self._lock = f
 
-    def after_fit(self):
+    def release(self):
         if self._lock is not None: self._lock.close()  # closing releases the lock
         self._lock = None
 
@@ -600,9 +616,11 @@ class Checkpointer(Callback):
         if self.last or self.kept_best or (self.learn is not None and self.learn.fitting): kept = self.state_dict()
         else:
             newest = _newest_readable(self.folder, warn=False)
-            states = read_checkpoint(newest).get('callbacks', {}).values() if newest is not None else ()
-            found = next((st for st in states if {'last', 'best'} <= set(st)), {'last': [], 'best': []})
-            kept = {'last': [Path(p).name for p in found['last']], 'best': [[s, Path(p).name, r] for s, p, r in found['best']]}
+            state = _upgrade(read_checkpoint(newest)) if newest is not None else {'callbacks': {}}
+            found = next((st for st in state['callbacks'].values() if {'last', 'best'} <= set(st)), {'last': [], 'best': []})
+            try: self.check_state(found)
+            except ValueError as e: raise ValueError(f'{newest}: {e}') from None
+            kept = found
         intact = lambda name: self._path(name).exists() and _readable(self._path(name))  # a deleted or corrupt file is not kept
         return {'last': [str(self._path(n)) for n in kept['last'] if intact(n)],
                 'best': [(s, str(self._path(n)), r) for s, n, r in kept['best'] if intact(n)]}
@@ -610,9 +628,20 @@ class Checkpointer(Callback):
     def state_dict(self):
         return {'last': list(self.last), 'best': [[s, n, dict(r)] for s, n, r in self.kept_best], 'evals': list(self.evals)}
 
+    def check_state(self, state):
+        "The files a state keeps are names in this folder: checked, since rotation deletes the ones it drops."
+        names = [('last', n) for n in state['last']] + [('evals', n) for n in state.get('evals', ())]
+        for entry in state['best']:
+            score, name, row = entry
+            if not (isinstance(score, numbers.Real) and isinstance(row, dict)):
+                raise ValueError(f'its Checkpointer.best entry {entry!r} is not (score, name, row)')
+            names.append(('best', name))
+        for field, name in names: bare_name(name, CHECKPOINT_NAME, 'the checkpoint', f'Checkpointer.{field}')
+
     def load_state_dict(self, state):
-        self.last = [Path(p).name for p in state['last']]
-        self.kept_best = [(s, Path(n).name, r) for s, n, r in state['best']]
+        self.check_state(state)
+        self.last = list(state['last'])
+        self.kept_best = [(s, n, r) for s, n, r in state['best']]
         self.evals = list(state.get('evals', ()))
 
     def at_step(self, step):
@@ -661,4 +690,4 @@ def load_best(learn):
     "Load the weights of the best intact checkpoint that the Learner's `Checkpointer` kept (read from its folder if need be)."
     best = _checkpointer(learn).best()
     if best is None: raise ValueError('the Checkpointer has kept no best checkpoint yet')
-    return learn.load(best, weights_only=True)
+    return learn.load(best, model_only=True)

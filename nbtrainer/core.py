@@ -548,10 +548,14 @@ class Learner:
             raise RuntimeError('a fit is already running on this Learner (started by fit, fit_async, a callback or another '
                                'thread): wait for it to end, or stop it first (learn.controls.stop())')
         try:
-            self._plan_fit(epochs, steps, steps_per_epoch, eval_every, eval_subset, lr, reset_opt, resume, allow_changes)
             cbs = self.add_cbs(cbs)
-            try: self._run_fit()
-            finally: self.remove_cbs(cbs)
+            try:
+                self('claim')  # first: a callback refused what it must hold alone (a folder's lock) before any file is opened
+                self._plan_fit(epochs, steps, steps_per_epoch, eval_every, eval_subset, lr, reset_opt, resume, allow_changes)
+                self._run_fit()
+            finally:
+                try: self._fire_all('release')
+                finally: self.remove_cbs(cbs)
         finally: self._fit_lock.release()
 
     def wait_for_fit(self, timeout=None):

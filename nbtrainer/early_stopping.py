@@ -8,9 +8,12 @@ Docs: https://nbtrainer.github.io/nbtrainer/early_stopping.html.md"""
 __all__ = ['EarlyStopping']
 
 # %% ../nbs/08a_early_stopping.ipynb #2cced07b
-import math
+import math, numbers
+
+import torch
 
 from .callback import Callback, CancelFitException, Order
+from .checkpoint import load_plain_state_dict, plain_state_dict
 from .recorder import check_monitor, monitored_value
 
 # %% ../nbs/08a_early_stopping.ipynb #fbd34679
@@ -53,7 +56,7 @@ class EarlyStopping(Callback):
         if self._improved(value):
             self.best, self.best_step, self.wait = value, learn.step, 0
             if self.restore_best and self._checkpointer() is None:
-                self.best_weights = {k: v.detach().clone() for k, v in learn.model.state_dict().items()}
+                self.best_weights = {k: v.detach().clone() for k, v in plain_state_dict(learn.model.state_dict()).items()}
         else: self.wait += 1
         stop = self.wait > 0 and self.wait >= self.patience  # patience 0: the first evaluation without improvement
         stop = learn.strategy.broadcast_object(stop)  # rank 0's decision: every rank stops at this evaluation
@@ -66,10 +69,26 @@ class EarlyStopping(Callback):
         learn = self.learn
         if not self.restore_best or learn.fit_outcome not in ('finished', 'stopped') or self.best_step is None: return
         if self._checkpointer() is not None: learn.load_best()
-        elif self.best_weights is not None: learn.model.load_state_dict(self.best_weights)
+        elif self.best_weights is not None: load_plain_state_dict(learn.model, self.best_weights)
 
-    def state_dict(self): return {'best': self.best, 'best_step': self.best_step, 'wait': self.wait}
+    def state_dict(self):
+        weights = {} if self.best_weights is None else {'best_weights': self.best_weights}  # restore_best after a resume
+        return {'best': self.best, 'best_step': self.best_step, 'wait': self.wait, **weights}
+
+    def check_state(self, state):
+        best, step, wait = state['best'], state['best_step'], state['wait']
+        if not (isinstance(best, numbers.Real) and isinstance(wait, int) and (step is None or isinstance(step, int))):
+            raise ValueError(f'its EarlyStopping state {best!r}, {step!r}, {wait!r} is not (value, step, count)')
+        weights = state.get('best_weights')
+        if weights is None: return
+        ours = plain_state_dict(self.learn.model.state_dict())
+        if not (isinstance(weights, dict) and weights.keys() == ours.keys()
+                and all(isinstance(v, torch.Tensor) and v.shape == ours[k].shape for k, v in weights.items())):
+            raise ValueError("its EarlyStopping best weights do not fit this model's parameters")
 
     def load_state_dict(self, state):
         self.best, self.best_step, self.wait = state['best'], state['best_step'], state['wait']
+        weights = state.get('best_weights')
+        device = next(iter(self.learn.model.state_dict().values()), torch.empty(0)).device if self.learn else 'cpu'
+        self.best_weights = None if weights is None else {k: v.to(device) for k, v in weights.items()}
         self._restored = True

@@ -14,6 +14,7 @@ from pathlib import Path
 from .callback import Callback, Order
 from .checks import writable_folder
 from .recorder import Recorder
+from .runfiles import RUN_NAME, bare_name
 from .metrics import metric_name
 
 # %% ../nbs/06_loggers.ipynb #09571361
@@ -30,9 +31,12 @@ class CSVLogger(Callback):
         self.columns = None  # the file's header, once it is started or restored
         self._rows, self._logged = 0, None  # data rows in the file; how many of `recorder.batches` they cover
         self._evals, self._unwritten = [], 0
+        self._restored = None  # a checkpoint's (rows, logged): the file is cut back to them when the fit starts
 
-    def before_fit(self):
+    def before_fit(self):  # after the Checkpointer's folder lock (`claim`): a refused process never touches the file
         recorder = self.learn.recorder
+        if self._restored is not None: self.columns, self._rows = self._truncate(self._restored[0])
+        self._restored = None
         if self.columns is None: self._start_file()
         if self._logged is None:  # a new logger: log from the next batch on
             recorder.flush()
@@ -88,13 +92,18 @@ class CSVLogger(Callback):
         self._rows, self._logged, self._evals = self._rows + len(rows), max(end, self._logged), []
 
     def state_dict(self):
+        if self._restored is not None: return dict(zip(('rows', 'logged'), self._restored))  # loaded, not yet applied
         if self.columns is None: return {}
         if self.learn is not None and self.learn.fitting: self._write()
         return {'rows': self._rows, 'logged': self._logged}
 
+    def check_state(self, state):
+        if state and not all(isinstance(state[k], int) and state[k] >= 0 for k in ('rows', 'logged')):
+            raise ValueError(f'its CSVLogger state {state!r} is not two counts of rows')
+
     def load_state_dict(self, state):
         if not state: return
-        self.columns, self._rows = self._truncate(state['rows'])
+        self._restored = (state['rows'], state['logged'])  # the file is cut back when the fit starts, not by a load
         self._logged, self._evals, self._unwritten = state['logged'], [], 0
 
     def _truncate(self, n_rows):
@@ -210,8 +219,12 @@ class TensorBoardLogger(Callback):
         return {'run': self.run_dir.name, 'logged': logged,  # its name in log_dir: the run's folder may be copied or moved
                 'purge_steps': {'train': last_train + 1, 'valid': history[-1]['step'] + 1 if history else 0}}
 
+    def check_state(self, state):
+        if state: bare_name(Path(state.get('run') or state['run_dir']).name, RUN_NAME, 'the checkpoint', 'TensorBoardLogger.run')
+
     def load_state_dict(self, state):
         if not state: return
+        self.check_state(state)
         self._close()
         self.run_dir = self.log_dir / Path(state.get('run') or state['run_dir']).name  # in this logger's folder, always
         self._purge_steps = dict(state['purge_steps'])

@@ -10,7 +10,7 @@ __all__ = ['Preemption']
 # %% ../nbs/08b_preemption.ipynb #b4c59339
 import signal, threading
 
-from .callback import Callback, Order, PreemptedException
+from .callback import Callback, Order, PreemptedException, add_note
 from .core import Learner
 
 # %% ../nbs/08b_preemption.ipynb #acfb60a3
@@ -44,7 +44,12 @@ class Preemption(Callback):
     def after_fit(self):
         for s, previous in self._previous.items(): signal.signal(s, previous)
         self._previous = {}
-        if self.exit and self.learn.fit_outcome == 'preempted':  # every other callback's after_fit ran before this one
-            raise SystemExit(128 + (self.received or signal.SIGTERM))
+        learn, signum = self.learn, self.received
+        if learn.fit_outcome == 'preempted': signum = signum or signal.SIGTERM
+        if signum is None: return
+        if learn.fit_outcome == 'failed':  # the error says more than the signal: it goes on, with a note of the signal
+            add_note(learn.fit_exception, f'{signal.Signals(signum).name} arrived during this fit')
+        elif self.exit:  # preempted, or a signal after the last step (the final evaluation, a save, after_fit): never lost
+            raise SystemExit(128 + signum)  # every other callback's after_fit ran before this one
 
 Learner.preemption_factory = Preemption  # every Learner gets one, unless Learner(preemption=False)

@@ -8,12 +8,13 @@ Docs: https://nbtrainer.github.io/nbtrainer/recorder.html.md"""
 __all__ = ['Column', 'RunColumn', 'smoothing_beta', 'smooth', 'Recorder', 'monitored_value', 'check_monitor', 'SkipNonFinite']
 
 # %% ../nbs/00d_recorder.ipynb #64391e35
-import array, bisect, contextlib, functools, json, math, operator, time
+import array, bisect, contextlib, functools, json, math, operator
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from . import clock
 from .callback import Callback, CancelBatchException, NonFiniteLossError, Order
 from .metrics import computed, metric_name, state_leaves
 
@@ -207,6 +208,7 @@ class Recorder(Callback):
         self._verify = None  # the check of restored rows mapped from a side file, before they are first read
         self._queue, self.since_row = [], [0.0, 0]  # since_row: the training loss's sum and examples since the last row
         self.nonfinite = None  # under DDP, the non-finite loss error a rank found, until all ranks stop together
+        self._resumed = {}  # from a checkpoint: the fit's time so far, and the last step's clipped grad_norm
 
     def _column(self, name, restored=None):
         "Rows appended as they come: the loss in float32 (as read from the device); epoch, batch, step and lr as runs."
@@ -214,17 +216,17 @@ class Recorder(Callback):
         integer = name in ('epoch', 'batch', 'step')
         return Column(restored, integer=integer, appended=appended, check=self._check_restored)
 
-    def before_fit(self):
-        self._start, self._held = time.perf_counter(), 0.0
+    def before_fit(self):  # a resumed fit's rows go on counting its time from where the checkpoint was
+        self._start, self._held = clock.now() - self._resumed.pop('time', 0.0), 0.0
         if self.smoothing is None:  # the curve's length at the end of this fit
             self.beta = smoothing_beta(self.learn.fit_start[1] + (self.learn.n_steps or 0))
 
     @contextlib.contextmanager
     def held(self):
         "Time spent in this block (a paused fit) is not training time: the rows' `time` leaves it out."
-        start = time.perf_counter()
+        start = clock.now()
         try: yield
-        finally: self._held += time.perf_counter() - start
+        finally: self._held += clock.now() - start
 
     def after_loss(self):
         learn = self.learn
@@ -283,18 +285,33 @@ class Recorder(Callback):
                **learn.metric_values, 'lr': learn.opt.param_groups[-1]['lr']}  # the base lr: the last group's
         lrs = [g['lr'] for g in learn.opt.param_groups]
         if len(set(lrs)) > 1: row['lrs'] = lrs  # each group's, where they differ
-        if learn.grad_norm is not None: row['grad_norm'] = float(learn.grad_norm)  # clipping's, read once per row
+        resumed = self._resumed.pop('grad_norm', None)  # the step before a resume, when no step of this fit set one
+        grad_norm = learn.grad_norm if learn.grad_norm is not None else resumed
+        if grad_norm is not None: row['grad_norm'] = float(grad_norm)  # clipping's, read once per row; a resumed run's saved
         if learn.precision.scaler is not None: row['skipped_steps'] = learn.skipped_steps  # fp16's, read once per row
-        row['time'] = time.perf_counter() - self._start - self._held
+        row['time'] = self._elapsed()
         self.history.append(row)
         return row
+
+    def _elapsed(self): return clock.now() - self._start - self._held
 
     def state_dict(self):
         self.flush()
         # JSON text: a checkpoint's weights-only unpickler takes ~20 µs a row of Python objects, one parse takes ~1
         return {'history': json.dumps(self.history, default=_number), 'n_batches': len(self.batches['loss']),
                 'smooth': list(self._smooth), 'beta': self.beta, 'since_row': list(self.since_row),
-                'train_metrics': [[getattr(o, n) for o, n in state_leaves(m, saved=True)] for m in self.train_metrics]}
+                'train_metrics': [[getattr(o, n) for o, n in state_leaves(m, saved=True)] for m in self.train_metrics],
+                **self._fit_state()}
+
+    def _fit_state(self):
+        "What a fit under way carries past a resume: its time so far, and the last step's clipped norm (one read per save)."
+        learn = self.learn
+        if learn is None or not learn.fitting: return {}
+        return {'time': self._elapsed(), 'grad_norm': None if learn.grad_norm is None else float(learn.grad_norm)}
+
+    def check_state(self, state):
+        if not (isinstance(state['n_batches'], int) and state['n_batches'] >= 0 and isinstance(state['since_row'], list)):
+            raise ValueError(f"its Recorder state counts {state['n_batches']!r} batches")
 
     def load_state_dict(self, state):
         history = state['history']  # JSON text, or (earlier checkpoints) the rows themselves
@@ -304,6 +321,7 @@ class Recorder(Callback):
         if 'smooth' in state: self._smooth, self.beta = tuple(state['smooth']), state['beta']
         else: self._smooth, self.beta = (state['ema'], 1 - 0.98 ** state['n_seen']), 0.98  # an older checkpoint's
         self.since_row = list(state['since_row'])
+        self._resumed = {k: state[k] for k in ('time', 'grad_norm') if state.get(k) is not None}
         for m, values in zip(self.train_metrics, state.get('train_metrics', ())):  # mid-interval: exact resume
             for (owner, name), value in zip(state_leaves(m, saved=True), values): setattr(owner, name, value)
 
@@ -327,6 +345,12 @@ class Recorder(Callback):
         for i, c in enumerate(self.columns):
             self.batches[c] = self._column(c, rows[:, i] if mapped else None)  # a map: views, nothing read
             if not mapped: self.batches[c].extend(rows[:, i])  # rows in memory: made compact (float32 loss, runs)
+
+    def batch_count(self):
+        "How many per-batch rows there are, once restored rows have had their check (a damaged side file's are dropped)."
+        self.flush()
+        self._check_restored()
+        return len(self.batches['loss'])
 
     def _check_restored(self):
         verify, self._verify = self._verify, None

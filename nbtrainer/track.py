@@ -9,7 +9,8 @@ __all__ = ['APPLICATION_ID', 'SCHEMA_VERSION', 'BUSY_TIMEOUT', 'DIED_AFTER_BEATS
            'notebook_path', 'reproduce_command', 'git_state', 'Tracker', 'Run', 'runs', 'Runs', 'main', 'MLflowLogger']
 
 # %% ../nbs/18_track.ipynb #25b5afa7
-import argparse, functools, html, json, math, os, shlex, socket, sqlite3, subprocess, sys, threading, time, warnings
+import argparse, functools, html, json, math, os, re, shlex, shutil, socket, sqlite3, subprocess, sys, threading, time
+import warnings
 from contextlib import closing, contextmanager
 from functools import cached_property
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .callback import Callback, Order
+from .clock import wall
 from .distributed import world_size
 from .loggers import loss_windows
 from .metrics import metric_name
@@ -46,17 +48,52 @@ def transaction(con):
     con.execute('BEGIN IMMEDIATE')
     try: yield con
     except BaseException:
-        con.execute('ROLLBACK')
+        if con.in_transaction: con.execute('ROLLBACK')  # SQLite may have rolled back already (a full disk does)
         raise
     con.execute('COMMIT')
 
+_MESSAGES = (('locked', 'SQLITE_BUSY'), ('busy', 'SQLITE_BUSY'), ('disk is full', 'SQLITE_FULL'),
+             ('readonly', 'SQLITE_READONLY'), ('unable to open', 'SQLITE_CANTOPEN'), ('disk I/O error', 'SQLITE_IOERR'))
+
+def _error_name(e):
+    "SQLite's name for the error `e`, such as 'SQLITE_FULL' (Python 3.11 says; before, its message tells)."
+    return getattr(e, 'sqlite_errorname', None) or next((name for text, name in _MESSAGES if text in str(e)), '')
+
+def _writable(path):
+    "Can this process write the file `path` (or make it) and make files beside it (SQLite's WAL and its index)?"
+    return (not path.exists() or os.access(path, os.W_OK)) and os.access(path.parent, os.W_OK)
+
+def _disk_full(path):
+    try: return shutil.disk_usage(path.parent).free < 2**20
+    except OSError: return False
+
+def _database_error(path, e):
+    "One clear error for SQLite's error `e` about the file `path` (full disk, read-only, damaged); None for a lock timeout."
+    name = _error_name(e)
+    if name.startswith(('SQLITE_BUSY', 'SQLITE_LOCKED')): return None  # it stays what it is: another process holds the lock
+    full = OSError(f'{path} cannot be written: the disk holding it is full ({e}); free some space')
+    if name == 'SQLITE_FULL': return full
+    read_only = name.startswith(('SQLITE_READONLY', 'SQLITE_PERM', 'SQLITE_AUTH'))
+    trouble = name.startswith(('SQLITE_IOERR', 'SQLITE_CANTOPEN')) or read_only
+    if trouble and not _writable(path):
+        return PermissionError(f'{path} is read-only (the file, its folder or its filesystem): nbtrainer can read it '
+                               f'(runs()), not write it ({e})')
+    if trouble and _disk_full(path): return full  # SQLite could not grow the WAL's index (SQLITE_IOERR_SHMSIZE)
+    if read_only:  # the file can be written, yet SQLite will not: its header says so
+        return ValueError(f'{path} cannot be written, though the file and its folder can: SQLite takes it for read-only '
+                          f'(a damaged header, or a newer file format?): {e}')
+    if trouble: return OSError(f'{path} could not be read or written: {e}')
+    return ValueError(f'{path} is not a readable nbtrainer experiment database (not SQLite, or corrupt): {e}')
+
 @contextmanager
 def _clear_errors(path):
-    "Turn SQLite's errors about the file itself into one clear error; a lock timeout stays what it is."
+    "Turn SQLite's errors about the file itself into one clear error (`_database_error`); a lock timeout stays what it is."
     try: yield
     except sqlite3.DatabaseError as e:
-        if isinstance(e, sqlite3.OperationalError) and ('locked' in str(e) or 'busy' in str(e)): raise
-        raise ValueError(f'{path} is not a readable nbtrainer experiment database (not SQLite, or corrupt): {e}') from None
+        if isinstance(e, sqlite3.ProgrammingError): raise  # a mistake in the query, not in the file
+        clear = _database_error(Path(path), e)
+        if clear is None: raise
+        raise clear from None
 
 def _header(con):
     return con.execute('PRAGMA application_id').fetchone()[0], con.execute('PRAGMA user_version').fetchone()[0]
@@ -70,12 +107,35 @@ def _create(con):
         con.execute(f'PRAGMA application_id = {APPLICATION_ID}')
         con.execute(f'PRAGMA user_version = {SCHEMA_VERSION}')
 
-def connect(db, create=False):
-    "A connection to the experiment database `db` (made if missing, with `create`), checked to be one; autocommit."
+def _open_for_reading(path):
+    """`path` opened to be read: read-only (`mode=ro`) when this process cannot write it (a read-only file, folder or
+    filesystem). Where SQLite cannot keep the WAL's index beside the file (a read-only folder, a full disk), the file
+    is read as it is (`immutable`), less any changes still in its WAL."""
+    uri = path.resolve().as_uri()
+    writable = _writable(path)  # then opened as writers open it, so that SQLite tidies its WAL files at the last close
+    con = sqlite3.connect(path if writable else f'{uri}?mode=ro', uri=not writable, timeout=BUSY_TIMEOUT,
+                          isolation_level=None)
+    try:
+        con.execute('PRAGMA schema_version').fetchone()  # the first read opens the WAL's index
+        return con
+    except sqlite3.OperationalError as e:
+        con.close()
+        if not _error_name(e).startswith(('SQLITE_CANTOPEN', 'SQLITE_READONLY', 'SQLITE_IOERR', 'SQLITE_FULL')): raise
+    wal = path.with_name(path.name + '-wal')
+    if wal.is_file() and wal.stat().st_size:
+        warnings.warn(f'{path} is read as its main file holds: the latest changes, still in {wal.name} '
+                      f'({wal.stat().st_size} bytes), cannot be read in a read-only folder or on a full disk')
+    return sqlite3.connect(f'{uri}?mode=ro&immutable=1', uri=True, isolation_level=None)
+
+def connect(db, create=False, readonly=False):
+    """A connection to the experiment database `db` (made if missing, with `create`), checked to be one; autocommit.
+    With `readonly` it only reads, and opens a file it cannot write read-only: a read-only folder or filesystem is read."""
     path = Path(db)
+    if create and readonly: raise ValueError('connect(): create and readonly exclude each other')
     if not create and not path.is_file(): raise FileNotFoundError(f'no experiment database at {path}')
     if create: path.parent.mkdir(parents=True, exist_ok=True)
-    con = sqlite3.connect(path, timeout=BUSY_TIMEOUT, isolation_level=None)  # transactions are explicit: `transaction`
+    with _clear_errors(path):  # transactions are explicit (`transaction`): autocommit
+        con = _open_for_reading(path) if readonly else sqlite3.connect(path, timeout=BUSY_TIMEOUT, isolation_level=None)
     try:
         with _clear_errors(path):
             if _header(con) == (0, 0) and not con.execute('SELECT count(*) FROM sqlite_master').fetchone()[0]:
@@ -87,12 +147,22 @@ def connect(db, create=False):
             if version > SCHEMA_VERSION:
                 raise ValueError(f'{path} has schema version {version}, newer than this nbtrainer reads '
                                  f'({SCHEMA_VERSION}): upgrade nbtrainer')
+            if readonly: return con  # a reader writes nothing: a schema-1 file is read as it is
             if version == 1: _upgrade_to_2(con)
             con.execute('PRAGMA synchronous = NORMAL')  # in WAL mode: durable across a killed process, no fsync per commit
     except BaseException:
         con.close()
         raise
     return con
+
+def _check_intact(con, db):
+    "SQLite's `quick_check` of the whole file (about 0.15 s for 60 MB): a damaged page is found before a fit, not in it."
+    with _clear_errors(db):
+        problems = [p for p, in con.execute('PRAGMA quick_check(3)')]
+    if problems != ['ok']:
+        raise ValueError(f'{db} is not a readable nbtrainer experiment database (corrupt: SQLite finds '
+                         f'{"; ".join(problems)}). Move it aside (the Tracker then starts a new one) or give the Tracker '
+                         'another file')
 
 # %% ../nbs/18_track.ipynb #db55154d
 _OPT_SKIP = ('params', 'lr', 'initial_lr', 'foreach', 'capturable', 'differentiable', 'fused')  # not hyperparameters
@@ -187,8 +257,8 @@ class _Heartbeat(threading.Thread):
         try:
             while not self.done.wait(self.every):
                 con = con or connect(self.db)  # at the first beat: a short fit never opens it
-                with transaction(con):
-                    con.execute("UPDATE runs SET heartbeat = ? WHERE id = ? AND status = 'running'", (time.time(), self.run_id))
+                with _clear_errors(self.db), transaction(con):
+                    con.execute("UPDATE runs SET heartbeat = ? WHERE id = ? AND status = 'running'", (wall(), self.run_id))
         except Exception as e:  # never take the fit down; the run may read as died later, which is the truth it can tell
             warnings.warn(f'the Tracker heartbeat of run {self.run_id} stopped: {type(e).__name__}: {e}')
         finally:
@@ -203,10 +273,13 @@ def _json(value):
 
 _STATUS = {'finished': 'finished', 'stopped': 'stopped', 'preempted': 'preempted', 'interrupted': 'stopped', 'failed': 'failed'}
 
-def _checkpoint_folder(learn):
-    "The folder the Learner's Checkpointer writes, as an absolute path (for `Run.fork` in another process), or None."
+def _checkpoint_folder(learn, db):
+    """The folder the Learner's Checkpointer writes, or None: relative to the database's folder when it lies under it (so
+    the two move and copy together), else absolute (`Run.fork` then checks that its files are the run's)."""
     folders = [cb.folder for cb in learn.cbs if getattr(cb, 'keeps_checkpoints', False)]
-    return str(Path(folders[0]).resolve()) if folders else None
+    if not folders: return None
+    folder, home = Path(folders[0]).resolve(), Path(db).resolve().parent
+    return folder.relative_to(home).as_posix() if folder.is_relative_to(home) else str(folder)
 
 def _upgrade_to_2(con):
     "Schema 1 -> 2: runs get a `parent` (a fork's {'run': id, 'step': step}) and their `checkpoints` folder; once."
@@ -215,6 +288,16 @@ def _upgrade_to_2(con):
         con.execute('ALTER TABLE runs ADD COLUMN parent TEXT')
         con.execute('ALTER TABLE runs ADD COLUMN checkpoints TEXT')
         con.execute('PRAGMA user_version = 2')
+
+def _is_int(v): return isinstance(v, int) and not isinstance(v, bool)
+def _is_number(v): return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+def _tracker_state(state):
+    "Is `state` a Tracker state as `Tracker.state_dict` writes it: {'run': id, 'rows': n, 'best': [value, step]}?"
+    best = state.get('best') if isinstance(state, dict) else None
+    return (isinstance(state, dict) and _is_int(state.get('run')) and _is_int(state.get('rows')) and state['rows'] >= 0
+            and isinstance(best, (list, tuple)) and len(best) == 2 and (best[0] is None or _is_number(best[0]))
+            and (best[1] is None or _is_int(best[1])))
 
 class Tracker(Callback):
     "Record each fit as a run in the SQLite database `db`: config, status, history, best `monitor` value and how to reproduce it."
@@ -230,18 +313,21 @@ class Tracker(Callback):
         self.run_id = None  # the run of the current (or last) fit
         self._con = self._heartbeat = self._resume = self._parent = None
         self._open = False  # between before_fit and after_fit
+        self._stopped = False  # the database failed during this fit: nothing more is written
 
     def before_fit(self):
         self.monitor = check_monitor(self.learn, 'Tracker', self._monitor_asked)
-        self._con = connect(self.db, create=True)
+        self._con, self._stopped = connect(self.db, create=True), False
+        _check_intact(self._con, self.db)  # a damaged file is refused now, before the first step
         resume, self._resume = self._resume, None
-        if resume is None or not self._reopen(resume): self._start()
+        with _clear_errors(self.db):
+            if resume is None or not self._reopen(resume): self._start()
         self._open = True
         self._heartbeat = _Heartbeat(self.db, self.run_id, self.beat_every)
         self._heartbeat.start()
 
     def _start(self):
-        learn, now = self.learn, time.time()
+        learn, now = self.learn, wall()
         notebook = notebook_path()
         commit, dirty = git_state(Path(notebook).parent if notebook and Path(notebook).parent.is_dir() else None)
         config = {**fit_config(learn), **{k: _plain(v) for k, v in self.config.items()}}
@@ -251,12 +337,12 @@ class Tracker(Callback):
                 'config, monitor, mode, notes, parent, checkpoints) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
                 (self.study, 'running', now, now, self.beat_every, socket.gethostname(), reproduce_command(), commit,
                  None if dirty is None else int(dirty), _json(config), self.monitor, self.mode, self.notes,
-                 None if self._parent is None else _json(self._parent), _checkpoint_folder(learn))).lastrowid
+                 None if self._parent is None else _json(self._parent), _checkpoint_folder(learn, self.db))).lastrowid
         self._parent = None
         self._rows, self._best = 0, (None, None)
 
     def _reopen(self, state):
-        "Continue the run of a checkpoint: drop the rows written after it, and mark the run running again."
+        "Continue the run of a checkpoint: drop the rows written after it, mark the run running again (with its folder now)."
         run_id, rows = state['run'], state['rows']
         with transaction(self._con) as con:
             if con.execute('SELECT 1 FROM runs WHERE id = ?', (run_id,)).fetchone() is None:
@@ -265,24 +351,41 @@ class Tracker(Callback):
             con.execute('DELETE FROM evals WHERE run = ? AND seq >= ?', (run_id, rows))
             last = con.execute('SELECT row FROM evals WHERE run = ? ORDER BY seq DESC LIMIT 1', (run_id,)).fetchone()
             con.execute("UPDATE runs SET status = 'running', message = NULL, ended = NULL, heartbeat = ?, beat_every = ?, "
-                        'host = ?, best_value = ?, best_step = ?, final = ?, resumes = resumes + 1 WHERE id = ?',
-                        (time.time(), self.beat_every, socket.gethostname(), *state['best'], last and last[0], run_id))
+                        'host = ?, best_value = ?, best_step = ?, final = ?, resumes = resumes + 1, '
+                        'checkpoints = coalesce(?, checkpoints) WHERE id = ?',
+                        (wall(), self.beat_every, socket.gethostname(), *state['best'], last and last[0],
+                         _checkpoint_folder(self.learn, self.db), run_id))
         self.run_id, self._rows, self._best = run_id, rows, tuple(state['best'])
         return True
+
+    def _write(self, *statements):
+        """Run `(sql, params)` statements in one transaction. If the database fails during the fit (a full disk, a damaged
+        page), warn once and write nothing more: the fit goes on, and the run reads as died once its heartbeat is stale."""
+        if self._stopped: return False
+        try:
+            with _clear_errors(self.db), transaction(self._con) as con:
+                for sql, params in statements: con.execute(sql, params)
+            return True
+        except (OSError, ValueError) as e:
+            self._stopped = True
+            if self._heartbeat is not None: self._heartbeat.stop()
+            warnings.warn(f'the Tracker stopped recording run {self.run_id} at step {self.learn.step}: {e}. '
+                          'The fit goes on; the run will read as died')
+            return False
 
     def after_eval(self):
         row = self.learn.eval_row
         value = monitored_value(row, self.monitor)
         if value is None: raise ValueError(f'Tracker monitors {self.monitor!r}, but the history has only {sorted(row)}')
-        best = self._best[0]
-        if not math.isnan(value) and (best is None or (value < best if self.mode == 'min' else value > best)):
-            self._best = (float(value), row['step'])
+        best = self._best
+        if not math.isnan(value) and (best[0] is None or (value < best[0] if self.mode == 'min' else value > best[0])):
+            best = (float(value), row['step'])
         text = _json(row)
-        with transaction(self._con) as con:
-            con.execute('INSERT INTO evals (run, seq, step, row) VALUES (?, ?, ?, ?)', (self.run_id, self._rows, row['step'], text))
-            con.execute('UPDATE runs SET best_value = ?, best_step = ?, final = ?, heartbeat = ? WHERE id = ?',
-                        (*self._best, text, time.time(), self.run_id))
-        self._rows += 1
+        if self._write(('INSERT INTO evals (run, seq, step, row) VALUES (?, ?, ?, ?)',
+                        (self.run_id, self._rows, row['step'], text)),
+                       ('UPDATE runs SET best_value = ?, best_step = ?, final = ?, heartbeat = ? WHERE id = ?',
+                        (*best, text, wall(), self.run_id))):
+            self._rows, self._best = self._rows + 1, best
 
     def after_fit(self):
         if self._con is None: return  # before_fit failed before the run started
@@ -293,10 +396,10 @@ class Tracker(Callback):
             status = _STATUS.get(learn.fit_outcome, 'failed')
             message = None if error is None else (str(error) if status in ('stopped', 'preempted') and not isinstance(error, KeyboardInterrupt)
                                                   else f'{type(error).__name__}: {error}'.rstrip(': '))
-            now = time.time()
-            with transaction(self._con) as con:
-                con.execute('UPDATE runs SET status = ?, message = ?, ended = ?, heartbeat = ? WHERE id = ?',
-                            (status, message or None, now, now, self.run_id))
+            if status == 'stopped' and isinstance(getattr(error, 'run_status', None), str): status = error.run_status  # 'pruned'
+            now = wall()
+            self._write(('UPDATE runs SET status = ?, message = ?, ended = ?, heartbeat = ? WHERE id = ?',
+                         (status, message or None, now, now, self.run_id)))
         finally:
             self._con.close()
             self._con = self._heartbeat = None
@@ -308,11 +411,13 @@ class Tracker(Callback):
         return None if self.run_id is None else _read(self.db, 'WHERE id = ?', (self.run_id,))[0]
 
     def state_dict(self):
-        if not self._open: return {}
+        if not self._open or self._stopped: return {}  # a run it stopped recording is not continued by a resume
         return {'run': self.run_id, 'rows': self._rows, 'best': list(self._best)}
 
     def load_state_dict(self, state):
-        if state: self._resume = dict(state)
+        if not state: return
+        if not _tracker_state(state): raise ValueError(f'not a Tracker state (run, rows, best): {str(state)[:200]}')
+        self._resume = dict(state)
 
     def after_fork(self):
         "The Learner was forked: its next fit is a new run whose parent is the run of the fork point, at its step."
@@ -335,30 +440,85 @@ def _duration(seconds):
 
 def _tracked_run(state):
     "The registry run a checkpoint's Tracker was recording when it was written, or None."
-    return next((cb['run'] for cb in state.get('callbacks', {}).values()
-                 if isinstance(cb, dict) and {'run', 'rows', 'best'} <= cb.keys()), None)
+    callbacks = state.get('callbacks') if isinstance(state, dict) else None
+    if not isinstance(callbacks, dict): return None
+    return next((cb['run'] for cb in callbacks.values() if _tracker_state(cb)), None)
+
+def _maybe(check): return lambda v: v is None or check(v)
+_is_text = _maybe(lambda v: isinstance(v, str))
+
+_RUN_FIELDS = {  # what each column of a `runs` row must hold, JSON ones once parsed
+    'study': _is_text, 'status': lambda v: isinstance(v, str), 'message': _is_text, 'started': _is_number,
+    'ended': _maybe(_is_number), 'heartbeat': _is_number, 'beat_every': _is_number, 'host': _is_text, 'command': _is_text,
+    'git_commit': _is_text, 'git_dirty': _maybe(_is_int), 'monitor': _is_text, 'mode': _is_text,
+    'best_value': _maybe(_is_number), 'best_step': _maybe(_is_int), 'notes': lambda v: isinstance(v, str),
+    'resumes': _is_int, 'checkpoints': _is_text, 'config': lambda v: isinstance(v, dict),
+    'final': _maybe(lambda v: isinstance(v, dict)),
+    'tags': lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v),
+    'parent': _maybe(lambda v: isinstance(v, dict) and v.keys() == {'run', 'step'} and all(map(_is_int, v.values())))}
+_JSON_FIELDS = ('config', 'final', 'tags', 'parent')
+
+def _run_fields(db, row):
+    "A `runs` row's fields, JSON parsed and checked: a crafted or damaged row gets one clear error naming run and field."
+    fields = {'parent': None, 'checkpoints': None, **dict(zip(row.keys(), row))}  # a schema-1 file has neither column
+    if not _is_int(fields.get('id')): raise ValueError(f"{db}: a run has a damaged 'id' field: {str(fields['id'])[:100]!r}")
+    for name, valid in _RUN_FIELDS.items():
+        value = fields.get(name)
+        try:
+            if name in _JSON_FIELDS: value = fields[name] = json.loads(value) if value else None
+            ok = valid(value)
+        except (TypeError, ValueError, RecursionError): ok = False
+        if not ok: raise ValueError(f"{db}: run {fields['id']} has a damaged {name!r} field: {str(value)[:100]!r}")
+    return fields
+
+def _history_row(db, run, seq, text):
+    "A row of a run's history as the `evals` table holds it (JSON), checked to be one."
+    try: row = json.loads(text)
+    except (TypeError, ValueError, RecursionError): row = None
+    if not (isinstance(row, dict) and _is_int(row.get('step'))):
+        raise ValueError(f'{db}: run {run} has a damaged history row (seq {seq}): {str(text)[:100]!r}')
+    return row
+
+def _recorded_folder(db, run, text):
+    """The checkpoint folder run `run` of `db` recorded: relative to the database's folder (it moves and copies with it), or
+    absolute (a folder elsewhere, or an older file's record); refused if it could lead anywhere else."""
+    parts = re.split(r'[\\/]', text)
+    why = ('is empty' if not text.strip() else 'holds a NUL character' if '\0' in text else
+           "climbs out of its folder ('..')" if '..' in parts else None)
+    if why: raise ValueError(f"{db}: run {run}'s 'checkpoints' field {why}: {text[:200]!r}; refused")
+    return Path(text) if os.path.isabs(text) else Path(db).resolve().parent / text
+
+def _kept_steps(folder):
+    return sorted(int(m[1]) for p in folder.iterdir() if (m := re.fullmatch(r'eval-(\d+)\.pt', p.name)))
 
 class Run:
     "One run of an experiment database, as `runs()` read it; `note` and `tag` edit it."
     def __init__(self, db, row, now, stale_after=None):
         self.db = Path(db)
-        self.id, self.study, self.message, self.host, self.command = row['id'], row['study'], row['message'], row['host'], row['command']
-        self.started, self.ended, self.heartbeat, self.resumes = row['started'], row['ended'], row['heartbeat'], row['resumes']
-        self.git = {'commit': row['git_commit'], 'dirty': None if row['git_dirty'] is None else bool(row['git_dirty'])}
-        self.config, self.monitor, self.mode = json.loads(row['config']), row['monitor'], row['mode']
-        self.best = {'value': row['best_value'], 'step': row['best_step']}
-        self.final = json.loads(row['final']) if row['final'] else None
-        self.notes, self.tags = row['notes'], json.loads(row['tags'])
-        self.parent = json.loads(row['parent']) if row['parent'] else None  # a fork's {'run': id, 'step': step}
-        self.checkpoints = row['checkpoints']  # its Checkpointer's folder, if it had one
-        limit = stale_after if stale_after is not None else DIED_AFTER_BEATS * row['beat_every']
-        self.status = 'died' if row['status'] == 'running' and now - row['heartbeat'] > limit else row['status']
+        f = _run_fields(self.db, row)
+        self.id, self.study, self.message = f['id'], f['study'], f['message']
+        self.host, self.command = f['host'], f['command']
+        self.started, self.ended, self.heartbeat, self.resumes = f['started'], f['ended'], f['heartbeat'], f['resumes']
+        self.git = {'commit': f['git_commit'], 'dirty': None if f['git_dirty'] is None else bool(f['git_dirty'])}
+        self.config, self.monitor, self.mode = f['config'], f['monitor'], f['mode']
+        self.best = {'value': f['best_value'], 'step': f['best_step']}
+        self.final, self.notes, self.tags = f['final'], f['notes'], f['tags']
+        self.parent = f['parent']  # a fork's {'run': id, 'step': step}
+        self._checkpoints = f['checkpoints']  # as the row holds it: see `checkpoints`
+        limit = stale_after if stale_after is not None else DIED_AFTER_BEATS * f['beat_every']
+        self.status = 'died' if f['status'] == 'running' and now - f['heartbeat'] > limit else f['status']
+
+    @property
+    def checkpoints(self):
+        "The folder its Checkpointer wrote (a relative record lies under the database's folder, wherever it is), or None."
+        return None if self._checkpoints is None else str(_recorded_folder(self.db, self.id, self._checkpoints))
 
     @cached_property
     def history(self):
         "The run's history rows, read from the database when first asked for."
-        with closing(connect(self.db)) as con, _clear_errors(self.db):
-            return [json.loads(r) for r, in con.execute('SELECT row FROM evals WHERE run = ? ORDER BY seq', (self.id,))]
+        with closing(connect(self.db, readonly=True)) as con, _clear_errors(self.db):
+            found = con.execute('SELECT seq, row FROM evals WHERE run = ? ORDER BY seq', (self.id,)).fetchall()
+        return [_history_row(self.db, self.id, seq, row) for seq, row in found]
 
     @property
     def duration(self):
@@ -393,22 +553,31 @@ class Run:
     def fork(self, step, build=None):
         """This run as it was after its evaluation at `step`, from the checkpoints in its recorded folder: the Learner
         `build()` makes, put back there (its own Checkpointer, if any, writes elsewhere: the parent's files stay
-        as they are), or without `build` the state to load (`learn.load_training_state`-ready, as `read_checkpoint` reads it)."""
+        as they are), or without `build` the state to load (`learn.load_training_state`-ready, as `read_checkpoint` reads it).
+        The file must say it holds this run's state (its Tracker's): another run's, or an unknown one, is refused."""
         from nbtrainer.checkpoint import read_checkpoint
-        if self.checkpoints is None:
+        if not _is_int(step): raise TypeError(f'step must be an int, got {step!r}')
+        if self._checkpoints is None:
             raise ValueError(f'run {self.id} recorded no checkpoint folder: it needs a Checkpointer(folder, every_eval=True) '
                              'to be forked from the registry')
         folder = Path(self.checkpoints)
+        if not folder.is_dir():
+            raise ValueError(f'run {self.id} kept its checkpoints in {folder}, which is not there '
+                             '(deleted, or moved without the database?)')
         found = [folder / f'{kind}-{step}.pt' for kind in ('eval', 'best') if (folder / f'{kind}-{step}.pt').exists()]
         if not found:
-            kept = sorted(int(p.stem.split('-')[1]) for p in folder.glob('eval-*.pt'))
-            raise ValueError(f'run {self.id} kept no state for the evaluation at step {step} in {folder}: it has steps {kept}')
-        owner = _tracked_run(read_checkpoint(found[0]))
-        if owner is not None and not self._owns(owner, step):
-            raise ValueError(f"{found[0]} holds run {owner}'s state at step {step}, not run {self.id}'s: a branch of this "
-                             "run kept writing into the folder they share and replaced it (give a branch's Checkpointer "
-                             'a folder of its own)')
-        if build is None: return read_checkpoint(found[0])
+            raise ValueError(f'run {self.id} kept no state for the evaluation at step {step} in {folder}: '
+                             f'it has steps {_kept_steps(folder)}')
+        state = read_checkpoint(found[0])
+        owner = _tracked_run(state)
+        if owner is None:
+            raise ValueError(f"{found[0]} does not say which run it holds (it has no Tracker state): it is not known to be "
+                             f"run {self.id}'s, and is refused")
+        if not self._owns(owner, step):
+            raise ValueError(f"{found[0]} holds run {owner}'s state at step {step}, not run {self.id}'s: another run's "
+                             "files are in its folder (a branch that kept writing into the folder it shares with its "
+                             "parent replaces the parent's files: give a branch's Checkpointer a folder of its own)")
+        if build is None: return state
         learn = build()
         if any(Path(getattr(cb, 'folder', '')).resolve() == folder.resolve() for cb in learn.cbs
                if getattr(cb, 'keeps_checkpoints', False)):
@@ -418,10 +587,11 @@ class Run:
 
     def _owns(self, run, step):
         "Is run `run`'s state at `step` this run's too: its own, or an ancestor's up to the step this line forked from it?"
-        here, limit = self, math.inf
-        while here is not None:
+        here, limit, seen = self, math.inf, set()
+        while here is not None and here.id not in seen:  # a crafted file may make the line of parents a loop
             if here.id == run: return step <= limit
             if here.parent is None: return False
+            seen.add(here.id)
             limit = min(limit, here.parent['step'])
             found = _read(self.db, 'WHERE id = ?', (here.parent['run'],))
             here = found[0] if found else None
@@ -433,19 +603,27 @@ class Run:
     def _repr_html_(self): return Runs([self])._repr_html_()
 
 def _read(db, where='', params=(), stale_after=None):
-    with closing(connect(db)) as con, _clear_errors(db):
+    with closing(connect(db, readonly=True)) as con, _clear_errors(db):
         con.row_factory = sqlite3.Row
         rows = con.execute(f'SELECT * FROM runs {where} ORDER BY id DESC', params).fetchall()
-    now = time.time()
+    now = wall()
     return Runs(Run(db, r, now, stale_after) for r in rows)
 
 def runs(db='runs/experiments.db', study=None, stale_after=None):
     "The runs in `db` (of `study`, if given), newest first. A running run with no heartbeat for `stale_after` s (default: 6 beats) reads as died."
+    if stale_after is not None and not (_is_number(stale_after) and stale_after >= 0):
+        raise ValueError(f'stale_after must be a number of seconds >= 0, got {stale_after!r}')
     return _read(db, *(('WHERE study = ?', (study,)) if study is not None else ()), stale_after=stale_after)
 
 # %% ../nbs/18_track.ipynb #b09721dc
+_CONTROL = re.compile('[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]')
+
+def _printable(text):
+    "`text` safe to print in a terminal: control characters (escape sequences, bidi overrides) shown as escapes, `\\x1b`."
+    return _CONTROL.sub(lambda m: m[0].encode('unicode_escape').decode(), text)
+
 _STATUS_COLORS = {'running': '#1f77b4', 'finished': '#2ca02c', 'stopped': '#ff7f0e', 'preempted': '#9467bd', 'failed': '#d62728',
-                  'died': '#7f7f7f'}
+                  'died': '#7f7f7f', 'pruned': '#8c564b'}
 
 class Runs(list):
     "A list of `Run`s that shows as a table (HTML in Jupyter, text elsewhere), plots their curves and picks the best."
@@ -488,11 +666,13 @@ class Runs(list):
             kids = sorted(children.get(run.id, []), key=lambda k: k.id)
             for i, kid in enumerate(kids): out += lines(kid, prefix + ('   ' if last else '│  '), i == len(kids) - 1)
             return out
-        return '\n'.join(line for root in sorted(children.get(None, []), key=lambda r: r.id) for line in lines(root, '', True))
+        return '\n'.join(_printable(line) for root in sorted(children.get(None, []), key=lambda r: r.id)
+                         for line in lines(root, '', True))
 
     def __repr__(self):
         if not self: return 'no runs'
         columns, rows = self.table()
+        columns, rows = [_printable(c) for c in columns], [[_printable(c) for c in row] for row in rows]
         widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(columns)]
         line = lambda cells: '  '.join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
         return '\n'.join([line(columns), line(['-' * w for w in widths]), *map(line, rows)])
@@ -520,11 +700,12 @@ class Runs(list):
             if 'history' not in vars(r): unread.setdefault(r.db, {})[r.id] = r
         for db, wanted in unread.items():
             found, ids = {i: [] for i in wanted}, list(wanted)
-            with closing(connect(db)) as con, _clear_errors(db):
+            with closing(connect(db, readonly=True)) as con, _clear_errors(db):
                 for start in range(0, len(ids), 500):
                     chunk = ids[start:start + 500]
-                    query = f'SELECT run, row FROM evals WHERE run IN ({",".join("?" * len(chunk))}) ORDER BY run, seq'
-                    for run_id, row in con.execute(query, chunk): found[run_id].append(json.loads(row))
+                    query = f'SELECT run, seq, row FROM evals WHERE run IN ({",".join("?" * len(chunk))}) ORDER BY run, seq'
+                    for run_id, seq, row in con.execute(query, chunk):
+                        found[run_id].append(_history_row(db, run_id, seq, row))
             for i, history in found.items(): wanted[i].history = history
         return [r.history for r in self]
 
@@ -593,16 +774,23 @@ class Runs(list):
         return (min if mode == 'min' else max)(scored, key=lambda r: value[r.id])
 
 # %% ../nbs/18_track.ipynb #99176fd3
+def _seconds(text):
+    "A number of seconds >= 0 (`inf`: never), for --stale-after."
+    try: value = float(text)
+    except ValueError: value = math.nan
+    if not value >= 0: raise argparse.ArgumentTypeError(f'must be a number of seconds >= 0, got {text!r}')
+    return value
+
 def main(argv=None):
     "The `nbtrainer-runs` command: print the runs of an experiment database, newest first."
     parser = argparse.ArgumentParser(prog='nbtrainer-runs', description='Print the runs of an nbtrainer experiment database, newest first.')
     parser.add_argument('db', help='the experiment database, e.g. runs/experiments.db')
     parser.add_argument('--study', help='only the runs of this study')
-    parser.add_argument('--stale-after', type=float, default=None,
+    parser.add_argument('--stale-after', type=_seconds, default=None,
                         help=f'seconds without a heartbeat after which a running run reads as died (default: {DIED_AFTER_BEATS} beats)')
     args = parser.parse_args(argv)
     try: found = runs(args.db, study=args.study, stale_after=args.stale_after)
-    except (OSError, ValueError) as e: parser.exit(2, f'nbtrainer-runs: error: {e}\n')
+    except (OSError, ValueError, sqlite3.Error) as e: parser.exit(2, f'nbtrainer-runs: error: {_printable(str(e))}\n')
     print(found)
     if any(r.parent for r in found): print('\nforks:\n' + found.tree())
 
@@ -669,7 +857,7 @@ class MLflowLogger(Callback):
     def _log(self, points):
         "Log [(key, value, step)] in batches, less the points the run already has."
         from mlflow.entities import Metric
-        now = int(time.time() * 1000)
+        now = int(wall() * 1000)
         metrics = [Metric(k, float(v), now, int(s)) for k, v, s in points if (k, s) not in self._done]
         for i in range(0, len(metrics), 1000): self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
 
@@ -707,7 +895,13 @@ class MLflowLogger(Callback):
         self._write_windows()  # whole windows only, so the resumed fit logs the same windows
         return {'run_id': self.run_id, 'logged': self._logged}
 
+    def check_state(self, state):  # a file-based tracking store keeps a run in a folder named by its id
+        if state and not (isinstance(state.get('run_id'), str) and re.fullmatch(r'[0-9a-f]{32}', state['run_id'])
+                          and isinstance(state.get('logged'), int)):
+            raise ValueError(f"its MLflowLogger state names run {state.get('run_id')!r}, not an MLflow run id")
+
     def load_state_dict(self, state):
+        self.check_state(state)
         if state: self._resume = dict(state)
 
     def after_fork(self):

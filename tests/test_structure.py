@@ -9,11 +9,12 @@ from conftest import ROOT
 PACKAGE = ROOT / 'nbtrainer'
 BOTTOM, MIDDLE, TOP = 0, 1, 2
 LAYERS = {
-    'callback': BOTTOM, 'checks': BOTTOM, 'clock': BOTTOM, 'data': BOTTOM, 'rng': BOTTOM, 'metrics': BOTTOM, 'layers': BOTTOM,
+    'callback': BOTTOM, 'checks': BOTTOM, 'clock': BOTTOM, 'runfiles': BOTTOM, 'data': BOTTOM, 'rng': BOTTOM, 'metrics': BOTTOM, 'layers': BOTTOM,
     'precision': MIDDLE, 'recorder': MIDDLE, 'parts': MIDDLE, 'core': MIDDLE,
     'progress': TOP, 'plotting': TOP, 'checkpoint': TOP, 'loggers': TOP, 'evaluate': TOP, 'diagnose': TOP,
     'schedule': TOP, 'lr_finder': TOP, 'liveplot': TOP, 'distributed': TOP, 'control': TOP, 'dashboard': TOP,
     'render': TOP, 'demo': TOP, 'testing': TOP, 'early_stopping': TOP, 'track': TOP, 'preemption': TOP, 'fork': TOP, 'finetune': TOP, 'fsdp': TOP,
+    'study': TOP,
 }
 NOT_MODULES = {'__init__', '_modidx'}  # the package's front door imports everything; nbdev's index imports nothing
 UI = ('matplotlib', 'ipywidgets', 'tensorboard', 'IPython', 'tqdm.notebook', 'tqdm.auto')
@@ -83,6 +84,24 @@ def test_bottom_and_middle_import_no_ui_even_lazily():
         if LAYERS[m] == TOP: continue
         source = (PACKAGE / f'{m}.py').read_text()
         assert not [u for u in UI if f'import {u}' in source or f'from {u}' in source], m
+
+
+# Time has one source: a module that measures a duration or stamps a moment asks nbtrainer.clock (`now()`, `wall()`),
+# so a test can drive a FakeClock instead of depending on how busy the machine is. Waiting (`time.sleep`, an Event's
+# timeout) and formatting a timestamp are not readings.
+CLOCK_READS = {'perf_counter', 'perf_counter_ns', 'time', 'time_ns', 'monotonic', 'monotonic_ns', 'process_time'}
+
+
+def clock_reads(name):
+    "`time.X()` calls in module `name` that read the machine's clock."
+    tree = ast.parse((PACKAGE / f'{name}.py').read_text())
+    return [f'time.{n.attr} (line {n.lineno})' for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name) and n.value.id == 'time' and n.attr in CLOCK_READS]
+
+
+def test_time_is_read_from_nbtrainer_clock():
+    reads = {m: clock_reads(m) for m in modules() if m != 'clock'}
+    assert not {m: r for m, r in reads.items() if r}, reads
 
 
 # State has owners: the loop's state lives in parts (nbs/00f_parts.ipynb) that the core owns. Other modules change it
