@@ -91,6 +91,17 @@ def sessions(port):
     return json.load(urllib.request.urlopen(f'http://127.0.0.1:{port}/api/sessions'))
 
 
+def read_saved(path, deadline=30):
+    """The notebook at `path` as last saved. JupyterLab's save may be writing it as we read (a file cut short is not
+    JSON): read it again until it parses, for up to `deadline` seconds."""
+    end = time.time() + deadline
+    while True:
+        try: return nbformat.read(path, as_version=4)
+        except (ValueError, OSError) as error:  # nbformat's NotJSONError is a ValueError; a replace may hide the file
+            if time.time() > end: raise AssertionError(f'{path} did not parse within {deadline} s: {error}') from error
+            time.sleep(0.1)
+
+
 @contextlib.contextmanager
 def lab_server(folder, env=None):
     "A fresh JupyterLab server on loopback serving `folder`, in the dark theme, the news toast off; yields its port."
@@ -339,7 +350,7 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             page.keyboard.press('Control+s')
             deadline = time.time() + 30
             while True:
-                saved_nb = nbformat.read(folder / 'ui_fit.ipynb', as_version=4)
+                saved_nb = read_saved(folder / 'ui_fit.ipynb')
                 if saved_nb.cells[FINDER].outputs: break
                 assert time.time() < deadline, 'the notebook was not saved'
                 page.wait_for_timeout(200)

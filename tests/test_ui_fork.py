@@ -13,7 +13,8 @@ import json, re, time
 import nbformat
 import pytest
 
-from test_ui import ARGS, ARTIFACTS, CHROMIUM, cell, control, open_notebook, output, run_cell, slow_mlp, wait_for_status
+from test_ui import (ARGS, ARTIFACTS, CHROMIUM, cell, control, open_notebook, output, read_saved, run_cell, slow_mlp,
+                     wait_for_status)
 from test_ui import lab  # noqa: F401  (the JupyterLab fixture)
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]  # JupyterLab in Chromium: minutes on a busy machine
@@ -109,7 +110,7 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
             deadline = time.time() + 60
             while True:  # the saved notebook keeps both runs' summaries in the cell that ran the fit
                 page.keyboard.press('Control+s')
-                saved = nbformat.read(folder / 'fork.ipynb', as_version=4).cells[FIT].outputs
+                saved = read_saved(folder / 'fork.ipynb').cells[FIT].outputs
                 html_out = ''.join(o.get('data', {}).get('text/html', '') for o in saved)
                 if f'forked at step {fork_step}' in html_out and html_out.count('Fit stopped') == 2: break
                 assert time.time() < deadline, html_out[-2000:]

@@ -18,7 +18,8 @@ import time
 import nbformat
 import pytest
 
-from test_ui import ARGS, ARTIFACTS, CHROMIUM, cell, control, open_notebook, output, run_cell, slow_mlp, wait_for_status
+from test_ui import (ARGS, ARTIFACTS, CHROMIUM, cell, control, open_notebook, output, read_saved, run_cell, slow_mlp,
+                     wait_for_status)
 from test_ui import lab as lab_fixture  # noqa: F401  (pytest finds it by name below)
 
 lab = lab_fixture
@@ -113,8 +114,7 @@ def test_three_fits_leave_the_page_as_they_found_it_and_a_mid_fit_save_keeps_the
             page.keyboard.press('Control+s')
             deadline = time.time() + 30
             while True:
-                try: saved = nbformat.read(folder / 'ui_fit.ipynb', as_version=4).cells[BACKGROUND].outputs
-                except ValueError: saved = []  # read while the server writes it: again
+                saved = read_saved(folder / 'ui_fit.ipynb').cells[BACKGROUND].outputs
                 html = [o['data']['text/html'] for o in saved if 'text/html' in o.get('data', {})]
                 if any('Fit running' in h for h in html) and any('nbtrainer-figure' in h for h in html): break
                 assert time.time() < deadline, f'no mid-fit outputs saved: {saved}'
