@@ -319,27 +319,36 @@ def test_a_cell_queued_behind_an_awaited_fit_shows_its_dashboard_with_working_co
 
 
 def test_the_html_dashboard_of_a_background_fit_is_shown_again_and_both_views_get_the_summary():
-    "display='html': one plain output refreshed in place; learn.dashboard() adds another; stopped from code, both end as the summary."
+    """display='html': plain outputs, no widget (the status refreshed in place, then the figure and table);
+    learn.dashboard() adds another pair; stopped from code, the summary takes each figure's place, each status
+    empties."""
     km, kc = start_new_kernel(kernel_name='python3')
     try:
         shown = [m for m in start_background_fit(kc, "display='html'") if m['msg_type'] == 'display_data']
-        assert shown and 'Fit running' in shown[0]['content']['data']['text/html']
+        assert len(shown) == 2 and 'Fit running' in shown[0]['content']['data']['text/html']
         assert not any('application/vnd.jupyter.widget-view+json' in m['content']['data'] for m in shown)
         again = kc.execute('learn.dashboard()')
         attached = [m for m in iopub_until_idle(kc, again) if m['msg_type'] == 'display_data']
-        assert 'Fit running' in attached[0]['content']['data']['text/html']
-        ids = {shown[0]['content']['transient']['display_id'], attached[0]['content']['transient']['display_id']}
+        assert len(attached) == 2 and 'Fit running' in attached[0]['content']['data']['text/html']
+        assert 'nbtrainer-view' in attached[1]['content']['data']['text/html']  # the figure as it stands, and the rows
+        display_id = lambda m: m['content']['transient']['display_id']
+        statuses = {display_id(shown[0]), display_id(attached[0])}
+        figures = {display_id(shown[1]), display_id(attached[1])}
         running, updates, deadline = set(), {}, time.time() + 120
-        while len(running) < 2:  # both outputs are refreshed while it trains
+        while len(running) < 2:  # both status outputs are refreshed while it trains
             msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.time()))
             if msg['msg_type'] == 'update_display_data' and 'Fit running' in msg['content']['data'].get('text/html', ''):
-                running.add(msg['content']['transient']['display_id'])
-        assert running == ids
+                running.add(display_id(msg))
+        assert running == statuses
         kc.execute("learn.controls.stop('stopped from another cell')")  # its output is not waited for: nothing skipped
-        while set(updates) != ids:  # live refreshes may still come first: only the summaries count
+        def ended():  # live refreshes may still come first: the figures' summaries and the statuses emptied count
+            return (all('Fit stopped at step' in updates.get(i, '') for i in figures)
+                    and all(updates.get(i) == '' for i in statuses))
+        while not ended():
             msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.time()))
-            updates.update({i: html for i, html in summaries([msg]).items() if 'Fit running' not in html})
-        assert all('Fit stopped at step' in html and 'stopped from another cell' in html for html in updates.values())
+            if msg['msg_type'] == 'update_display_data':
+                updates[display_id(msg)] = msg['content']['data'].get('text/html', '')
+        assert all('stopped from another cell' in updates[i] for i in figures), updates
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
