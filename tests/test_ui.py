@@ -176,7 +176,7 @@ def control(dash, label):
 
 def steps_shown(dash):
     "(the status line's step, the live figure's last step) of a dashboard, at the same moment."
-    return dash.evaluate('''d => [parseInt(d.querySelector('.nbtrainer-status').innerText.match(/step (\d+)/)[1]),
+    return dash.evaluate('''d => [parseInt(d.querySelector('.nbtrainer-status').innerText.match(/step (\\d+)/)[1]),
                                     parseInt(d.querySelector('.nbtrainer-figure').dataset.step)]''')
 
 
