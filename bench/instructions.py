@@ -8,6 +8,10 @@ them). For the same reason the Tracker's heartbeat (every 10 s of wall time) is 
 Needs valgrind (apt-get install valgrind). Takes a few minutes.
 
     python bench/instructions.py [--short 20] [--long 120] [--modes hand learner logging train_metrics tracker] [--jobs 2]
+    python bench/instructions.py --modes hand_loader learner_loader
+
+The `_loader` modes read the same batches from a `DataLoader` (collated on the CPU each time), the hand-written loop
+moving each to the device as a GPU user's does: the path of a CPU loader feeding a model on a device (here the CPU).
     python bench/instructions.py --modes ddp_hand ddp_learner --short 10 --long 60
 
 The DDP modes run bench/ddp.py's two loops in two ranks (gloo, fork) and count both ranks' instructions: the work each
@@ -30,9 +34,14 @@ def child(mode, steps):
         import ddp
         return launch(ddp.learner_run if mode == 'ddp_learner' else ddp.hand_written_run, nprocs=2, args=(64, 5, steps))
     train, valid = ov.make_batches(steps), ov.make_batches(max(1, steps // 5), seed=1)
+    if mode.endswith('_loader'):  # a DataLoader that collates each batch on the CPU: what a GPU user's loop reads from
+        train, valid = loader(train), loader(valid)
     model = ov.make_model()
     if mode == 'hand':
         ov.hand_written_epoch(model, torch.optim.Adam(model.parameters(), lr=1e-3), train, valid)
+        return
+    if mode == 'hand_loader':
+        hand_written_loader_epoch(model, torch.optim.Adam(model.parameters(), lr=1e-3), train, valid, torch.device('cpu'))
         return
     extra = {'train_metrics': ('accuracy',)} if mode == 'train_metrics' else {}
     learn = Learner(model, train, valid, opt_func=torch.optim.Adam, lr=1e-3, metrics=('accuracy',), progress=False, **extra)
@@ -46,6 +55,37 @@ def child(mode, steps):
         tracker.beat_every = 1e9  # its heartbeat thread beats by wall time, like the bars: bench/track.py times a beat
         learn.add_cbs([tracker])
     learn.fit(1)
+
+
+def loader(batches):
+    "The same examples from a `DataLoader` (batch 64, in order, no workers): each batch collated from the dataset."
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+    return DataLoader(TensorDataset(x, y), batch_size=len(batches[0][1]))
+
+
+def hand_written_loader_epoch(model, opt, train_dl, valid_dl, device):
+    "bench/overhead.py's hand-written epoch as a GPU user writes it: each batch moved to `device` first."
+    import torch
+    import torch.nn.functional as F
+    model.train()
+    for x, y in train_dl:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    with torch.no_grad():
+        total, correct, n = torch.zeros((), device=device), torch.zeros((), dtype=torch.long, device=device), 0
+        for x, y in valid_dl:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            pred = model(x)
+            total += F.cross_entropy(pred, y) * len(y)
+            correct += (pred.argmax(1) == y).sum()
+            n += len(y)
+        (total / n).item(), (correct / n).item()
 
 
 def count(mode, steps):
@@ -67,7 +107,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--short', type=int, default=20)
     parser.add_argument('--long', type=int, default=120)
-    modes = ['hand', 'learner', 'logging', 'train_metrics', 'tracker', 'ddp_hand', 'ddp_learner']
+    modes = ['hand', 'learner', 'logging', 'train_metrics', 'tracker', 'hand_loader', 'learner_loader', 'ddp_hand',
+             'ddp_learner']
     parser.add_argument('--modes', nargs='+', default=modes[:5], choices=modes)  # DDP: asked for by name
     parser.add_argument('--jobs', type=int, default=1, help='valgrind processes at once')
     parser.add_argument('--child', nargs=2, help=argparse.SUPPRESS)
@@ -80,11 +121,12 @@ def main():
             extra = counts[mode, args.long].result() - counts[mode, args.short].result()
             per_step[mode] = extra / (args.long - args.short)
             what = 'both ranks' if mode.startswith('ddp') else 'validation included'
-            print(f'  {mode:<8} {per_step[mode] / 1e6:8.3f} M instructions per step ({what})', flush=True)
+            print(f'  {mode:<14} {per_step[mode] / 1e6:8.3f} M instructions per step ({what})', flush=True)
     ratios = (('learner', 'hand', 'learn.fit / hand-written'),
               ('logging', 'hand', 'with CSV + TensorBoard + checkpoint / hand-written'),
               ('train_metrics', 'hand', 'with train_metrics=("accuracy",) / hand-written'),
               ('tracker', 'hand', 'with a Tracker / hand-written'), ('tracker', 'learner', 'with a Tracker / learn.fit without it'),
+              ('learner_loader', 'hand_loader', 'from a DataLoader: learn.fit / hand-written loop moving each batch'),
               ('ddp_learner', 'ddp_hand', 'DDP, 2 ranks: learn.fit / hand-written DDP loop'))
     for a, b, name in ratios:
         if a in per_step and b in per_step: print(f'  {name}: {per_step[a] / per_step[b]:.4f}x instructions per step')

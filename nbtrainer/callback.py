@@ -1,4 +1,4 @@
-"""The vocabulary of the loop: the events a fit fires, the exceptions that cancel part of it, the `Callback` base class and the dispatch tables built from a list of callbacks.
+"""The vocabulary of the loop: the events a fit fires, the exceptions that cancel part of it, the `Callback` base class, the dispatch tables built from a list of callbacks, the host that fires them, and the one shape of every event pair.
 
 Docs: https://nbtrainer.github.io/nbtrainer/callback.html.md"""
 
@@ -8,9 +8,11 @@ Docs: https://nbtrainer.github.io/nbtrainer/callback.html.md"""
 __all__ = ['CANCEL_EXCEPTIONS', 'SCOPES', 'EVENTS', 'BATCH_EVENTS', 'CancelFitException', 'CancelEpochException',
            'CancelTrainException', 'CancelValidateException', 'CancelBatchException', 'CancelStepException',
            'CancelBackwardException', 'PreemptedException', 'NonFiniteLossError', 'Order', 'Callback',
-           'FunctionCallback', 'as_callback', 'dispatch_tables', 'add_note']
+           'FunctionCallback', 'as_callback', 'dispatch_tables', 'add_note', 'CallbackHost', 'EventScope']
 
 # %% ../nbs/00a_callback.ipynb #098e3d06
+import types
+
 class CancelFitException(Exception):      "Skip the rest of `fit`; the message, if any, says why (it shows where the fit's ending is reported)."
 class CancelEpochException(Exception):    "Skip the rest of this epoch."
 class CancelTrainException(Exception):    "Skip the rest of this epoch's training phase."
@@ -100,3 +102,87 @@ def dispatch_tables(cbs, main_process=True):
 def add_note(exc, msg):
     "Attach `msg` to the traceback of `exc` (Python 3.11+; a no-op before)."
     getattr(exc, 'add_note', lambda _: None)(msg)
+
+# %% ../nbs/00a_callback.ipynb #d2338086
+class CallbackHost:
+    "What callbacks attach to (the Learner is one): `add_cbs`, `remove_cbs`, and events fired from per-phase tables."
+    main_process = True  # under DDP, a host on another rank leaves out `main_process_only` callbacks
+
+    def __init__(self, cbs=(), scopes=()):
+        "`scopes`: each event pair's (name, cancel, the name of the method that ends it or None, always): an `EventScope`."
+        self.cbs, self.training, self._dispatch = [], False, types.SimpleNamespace(tables=dispatch_tables([]))
+        for name, cancel, last, always in scopes:
+            setattr(self._dispatch, name, EventScope(self, name, cancel, last and getattr(self, last), always))
+        self._events = self._dispatch.tables[False]  # the phase's table: who hears each event now
+        self.add_cbs(cbs)
+
+    def add_cbs(self, cbs):
+        "Attach callbacks (instances, or classes to instantiate); returns the instances."
+        added = [as_callback(cb) for cb in cbs]
+        for cb in added: cb.learn = self
+        self.cbs.extend(added)
+        self._rebuild_dispatch()
+        return added
+
+    def remove_cbs(self, cbs):
+        "Detach callbacks."
+        for cb in cbs:
+            if cb in self.cbs: self.cbs.remove(cb)
+        self._rebuild_dispatch()
+
+    def _rebuild_dispatch(self):
+        self._dispatch.tables = dispatch_tables(self.cbs, self.main_process)
+        self._events = self._dispatch.tables[self.training]
+
+    def _set_phase(self, training):
+        "Enter the training or the validation phase: the dispatch table switches with it."
+        self.training, self._events = training, self._dispatch.tables[training]
+
+    def __call__(self, event):
+        "Fire `event`: run the callbacks listening to it in this phase."
+        for cb, method in self._events[event]:
+            try: method()
+            except CANCEL_EXCEPTIONS: raise
+            except Exception as e:
+                add_note(e, f'raised in callback {type(cb).__name__} during {event}')
+                raise
+
+    def _fire_all(self, event):
+        "Fire `event` on every callback even if some raise (cleanup must reach them all), then raise the first error."
+        first = None
+        for cb, method in self._events[event]:
+            try: method()
+            except Exception as e:
+                add_note(e, f'raised in callback {type(cb).__name__} during {event}')
+                first = first or e
+        if first is not None: raise first
+
+# %% ../nbs/00a_callback.ipynb #f28825b1
+class EventScope:
+    "One event pair around a block that fires `before_<name>` first: `last(exc)`, `after_cancel_<name>` if cancelled, `after_<name>`."
+    def __init__(self, host, name, cancel, last=None, always=False):
+        self.host, self.cancel, self.last, self.always = host, cancel, last, always
+        self.after, self.after_cancel = 'after_' + name, 'after_cancel_' + name
+
+    def __enter__(self): return self
+
+    def __exit__(self, kind, exc, tb):
+        host, cancelled = self.host, kind is not None
+        error = cancelled and not issubclass(kind, self.cancel)
+        if error and not self.always: return False  # an error, or an outer scope's cancel: not this scope's
+        if self.last is not None:
+            try: self.last(exc)
+            except self.cancel: cancelled = True
+        if not self.always:
+            if cancelled: host(self.after_cancel)
+            if host._events[self.after]: host(self.after)
+            return True
+        first = None  # every callback gets the closing events, even if some raise in them
+        for event in (self.after_cancel, self.after)[0 if cancelled else 1:]:
+            try: host._fire_all(event)
+            except Exception as e: first = first or e
+        if error:
+            if first is not None: add_note(exc, f'while cleaning up, {type(first).__name__}: {first}')
+            return False
+        if first is not None: raise first
+        return True

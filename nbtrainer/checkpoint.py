@@ -7,7 +7,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/checkpoint.html.md"""
 # %% auto #0
 __all__ = ['FORMAT', 'ROW_WIDTH', 'ROW_BYTES', 'CONFIG_PARTS', 'STATE_FILE', 'plain_state_dict', 'run_config', 'config_changes',
            'read_checkpoint', 'training_state', 'load_plain_state_dict', 'load_training_state', 'plain_checkpoint',
-           'Checkpointer']
+           'Checkpointer', 'resume']
 
 # %% ../nbs/08_checkpoint.ipynb #51cc03d5
 import fcntl, hashlib, math, numbers, os, shutil, socket, threading, warnings, weakref, zlib
@@ -18,8 +18,8 @@ import torch
 
 from .callback import Callback, Order
 from .checks import writable_folder
-from .core import Learner, patch_to
-from .data import data_fingerprint, examples_digest
+from .core import Learner, fills, patch_to
+from .data import data_fingerprint, examples_digest, plain_model
 from .recorder import Recorder, check_monitor, monitored_value
 from .runfiles import (CHECKPOINT_NAME, bare_name, map_rows, read_rows, read_shard_metadata, read_shards,
                                 read_torch_file, shard_errors, shard_planner, shard_reader, side_file)
@@ -74,8 +74,7 @@ def _scalars(obj):
 
 def run_config(learn):
     "What a run's checkpoints must share to continue it exactly: model, optimizer, loss, precision, accumulation, data."
-    model, loss, opt = learn.model, learn.loss_func, learn.opt
-    while hasattr(model, 'module') or hasattr(model, '_orig_mod'): model = getattr(model, 'module', None) or model._orig_mod
+    model, loss, opt = plain_model(learn.model), learn.loss_func, learn.opt
     loss_name = getattr(loss, '__qualname__', None) or type(loss).__qualname__
     return {'model': _model_class(model).__qualname__,
             'parameters': {k: list(v.shape) for k, v in plain_state_dict(learn.model.state_dict()).items()},
@@ -655,9 +654,9 @@ def _checkpointer(learn):
     if not found: raise ValueError('this Learner has no Checkpointer callback: pass resume=<path> instead')
     return found[0]
 
-@patch_to(Learner)
+@fills('resume')
 def resume(learn, checkpoint=True, allow_changes=None, lr_given=False):
-    "What `fit(resume=...)` does: load the newest intact checkpoint of the Learner's `Checkpointer` (True), or the file `checkpoint`."
+    "The Learner's `resume` hook, what `fit(resume=...)` does: load the newest intact checkpoint of its `Checkpointer` (True), or the file `checkpoint`."
     learn.strategy.barrier()  # every checkpoint rank 0 was writing is on disk
     if checkpoint is True:
         path = _newest_readable(_checkpointer(learn).folder) if learn.main_process else None

@@ -14,7 +14,7 @@ from pathlib import Path
 from .callback import Callback, Order, dispatch_tables
 from .checks import hyperparameter
 from .control import Controls
-from .core import Learner, patch_to
+from .core import Learner, fills, patch_to
 from .liveplot import LivePlot
 from .metrics import metric_name
 from .progress import (ProgressCallback, brief_traceback, describe_ending, display_widget, format_header,
@@ -612,6 +612,7 @@ def display_kind(display=None):
     if asked in (None, 'auto'): return 'widgets' if importlib.util.find_spec('ipywidgets') else 'html'
     return asked
 
+@fills('display')  # what Learner(progress=True) shows
 def progress_display(dashboard=True, display=None):
     """The display `Learner(progress=True)` installs: in Jupyter the `Dashboard` as widgets or as HTML (plain bars with
     `dashboard=False`), text bars in a terminal, a script, or with `display='text'`."""
@@ -619,5 +620,3 @@ def progress_display(dashboard=True, display=None):
     if kind == 'text': return ProgressCallback(file=sys.stdout if in_jupyter() else None)
     if not dashboard: return ProgressCallback() if kind == 'widgets' else ProgressCallback(file=sys.stdout)
     return Dashboard(display=kind)
-
-Learner.display_factory = progress_display

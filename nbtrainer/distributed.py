@@ -20,8 +20,7 @@ import multiprocessing as mp
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
-from .callback import Callback, CancelFitException, NonFiniteLossError, Order
-from .core import Learner
+from .callback import CancelFitException, NonFiniteLossError
 from .data import batch_size
 from .metrics import state_leaves
 from .parts import SingleProcess
@@ -240,14 +239,15 @@ def identical_on_every_rank(batch):
     dist.all_gather(every, mine)
     return all(torch.equal(every[0], other) for other in every[1:])
 
-class DistributedTrainer(SingleProcess, Callback):
+class DistributedTrainer(SingleProcess, name='ddp'):
     "The DDP strategy: wraps the model, shards loaders, masks sampler padding, counts the global batch, syncs metrics and stops all ranks together."
-    order, distributed = Order.DEFAULT, True
+    distributed = True
 
     def __init__(self, sync_bn=False, check_every=16):
         if not (isinstance(check_every, int) and check_every > 0): raise ValueError(f'check_every must be an int > 0, got {check_every!r}')
         self.sync_bn, self.check_every, self.stop_requested = sync_bn, check_every, False
         self.train_pad = self.valid_pad = self.eval_rows = None
+        self._since_check, self._signal_seen, self._signal_agreed = 0, 0, None  # a preemption signal: here, and agreed
         self._sharded = weakref.WeakKeyDictionary()  # evaluation loader -> its shard
 
     @property
@@ -276,9 +276,9 @@ class DistributedTrainer(SingleProcess, Callback):
         if device.type == 'cpu': raise ValueError('sync_bn=True needs GPUs: PyTorch has no SyncBatchNorm on the CPU')
         return nn.SyncBatchNorm.convert_sync_batchnorm(model)  # keeps the Parameter objects
 
-    def sync_gradients(self, model, sync):
+    def sync_gradients(self, learn, sync):
         "Whether this micro-batch's backward reduces the gradients over the ranks (DDP's `no_sync` when False)."
-        model.require_backward_grad_sync = sync
+        learn.model.require_backward_grad_sync = sync
 
     # ---- the strategy's collectives ----
     def barrier(self): barrier()
@@ -314,7 +314,8 @@ class DistributedTrainer(SingleProcess, Callback):
     def count_examples(self, learn):
         "Make the step's and the batch's example counts global, divided by the world size: DDP averages the ranks' gradients."
         window, dl = learn.window, learn.train_dl
-        self.sync_gradients(learn.model, not window.accumulating)  # no_sync inside a window
+        if self._compare_first_batch: self._warn_if_not_sharded(learn.batch)
+        self.sync_gradients(learn, not window.accumulating)  # no_sync inside a window
         if self._global_sizes and not self._user_weights and learn.tokens is None:  # from the sampler: no communication
             window.batch_examples = global_batch_size(dl, learn.iter) / self.world
             if window.index == 0:
@@ -327,6 +328,7 @@ class DistributedTrainer(SingleProcess, Callback):
 
     def eval_loader(self, learn, dl):
         "A shard of an evaluation `DataLoader`, whose metric states are summed over the ranks at its end."
+        sync_batchnorm_stats(learn.model)  # every rank evaluates (and checkpoints) the same model
         self.valid_pad, self.eval_rows = None, None
         if not isinstance(dl, DataLoader): return dl  # e.g. a list of batches: each rank evaluates all of it, unsummed
         if dl not in self._sharded: self._sharded[dl] = shard_loader(dl, shuffle=False, seed=self.seed)
@@ -353,57 +355,52 @@ class DistributedTrainer(SingleProcess, Callback):
                              'Learner(compile=...) (pass a model whose parameters already have requires_grad set)')
         return nn.parallel.DistributedDataParallel(model.module, device_ids=model.device_ids, **_no_buffer_broadcast())
 
-    # ---- events ----
-    def before_fit(self):
-        self.stop_requested, self.learn.recorder.nonfinite, self._since_check = False, None, 0
+    # ---- what the loop calls at its points of a fit ----
+    def start_fit(self, learn):
+        self.stop_requested, learn.recorder.nonfinite, self._since_check = False, None, 0
         self._signal_seen, self._signal_agreed = 0, None  # a preemption signal: received here, and known to all
-        self._unsynced = False  # gradients accumulated under no_sync that no synced backward has averaged yet
-        self._compare_first_batch = not isinstance(getattr(self.learn.train_dl, 'sampler', None), DistributedSampler)
+        self._compare_first_batch = not isinstance(getattr(learn.train_dl, 'sampler', None), DistributedSampler)
 
-    def before_batch(self):
-        if not (self.learn.training and self._compare_first_batch): return
+    def _warn_if_not_sharded(self, batch):
         self._compare_first_batch = False  # once per fit: one small all-gather
-        if identical_on_every_rank(self.learn.batch):
+        if identical_on_every_rank(batch):
             warnings.warn('every rank got the same first training batch: the training loader is not sharded by rank '
                           '(an IterableDataset must split its stream itself, e.g. by nbtrainer.rank() and '
                           'world_size(), or by torch.utils.data.get_worker_info()), so the ranks train on the same '
                           'examples and the world adds nothing', stacklevel=2)
 
-    def before_train(self):
-        dl = self.learn.train_dl
+    def start_train(self, learn):
+        dl = learn.train_dl
         sampler = getattr(dl, 'sampler', None)
-        if hasattr(sampler, 'set_epoch'): sampler.set_epoch(self.learn.epoch)  # a new shuffle each epoch, the same on all ranks
+        if hasattr(sampler, 'set_epoch'): sampler.set_epoch(learn.epoch)  # a new shuffle each epoch, the same on all ranks
         self._global_sizes = global_batch_size(dl, 0) is not None  # the sampler tells each batch's global count
 
-    def before_validate(self): sync_batchnorm_stats(self.learn.model)  # every rank evaluates (and checkpoints) the same model
+    def end_evaluation(self, learn): sync_training_stats(learn.recorder, learn.device)  # before the row is made
 
-    def after_validate(self):
-        if self.learn.evaluating: sync_training_stats(self.learn.recorder, self.learn.device)  # before the row is made
+    def unreduced(self, learn):
+        "Did the window's last backward run under `no_sync`, leaving its gradients unreduced?"
+        return not learn.window.closed
 
-    def after_backward(self): self._unsynced = self.learn.accumulating
-
-    def before_step(self):
+    def sync_window(self, learn):
         "A window whose last micro-batch never reached backward (cancelled, or a loader without a length): average by hand."
-        if not self._unsynced: return
-        grads = [p.grad for p in self.learn.model.parameters() if p.grad is not None]
+        if not self.unreduced(learn): return
+        grads = [p.grad for p in learn.model.parameters() if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat)
         flat /= self.world
         for g in grads:
             g.copy_(flat[:g.numel()].view_as(g))
             flat = flat[g.numel():]
-        self._unsynced = False
 
-    def after_batch(self):
-        if not self.learn.training: return
+    def end_batch(self, learn):
         self._since_check += 1
-        if self._since_check >= self.check_every: self._check_stop()
+        if self._since_check >= self.check_every: self._check_stop(learn)
 
-    def after_train(self): self._check_stop()
+    def end_train(self, learn): self._check_stop(learn)
 
-    def _check_stop(self):
+    def _check_stop(self, learn):
         "Every rank learns whether any rank asked to stop, saw a non-finite loss or got a signal: one tiny all-reduce."
-        learn, self._since_check = self.learn, 0
+        self._since_check = 0
         learn.recorder.flush()  # its NaN check: the host read happens now anyway
         flags = torch.tensor([self.stop_requested, learn.recorder.nonfinite is not None, self._signal_seen],
                              dtype=torch.int32, device=learn.device)
@@ -414,10 +411,6 @@ class DistributedTrainer(SingleProcess, Callback):
                 'the training loss became non-finite on another rank: training stopped on every rank.')
         if signum: self._signal_agreed = signum  # Preemption saves and stops at the next step boundary
         elif stop: raise CancelFitException()
-
-# %% ../nbs/15_distributed.ipynb #d4a75ff5
-Learner.distributed_factory = lambda sync_bn: DistributedTrainer(sync_bn=sync_bn)  # what the Learner adds under DDP
-Learner.strategy_factories['ddp'] = Learner.distributed_factory
 
 # %% ../nbs/15_distributed.ipynb #6212ae61
 _CUDA_ERROR = ('CUDA was initialised in this kernel before launch(): worker processes forked from it cannot use CUDA. '

@@ -15,6 +15,7 @@ import torch
 
 from .callback import Callback, Order
 from .core import Learner, patch_to
+from .data import plain_model
 from .recorder import check_monitor, monitored_value
 from .rng import rng_state, set_rng_state
 from .schedule import ParamScheduler  # noqa: F401 (fine_tune uses fit_one_cycle, which it attaches)
@@ -104,12 +105,6 @@ def fine_tune(learn, epochs, base_lr=None, freeze_epochs=1, lr_mult=100, pct_sta
     learn.fit_one_cycle(epochs, slice(base_lr / lr_mult, base_lr), pct_start=pct_start, div=div, **kwargs)
 
 # %% ../nbs/12b_finetune.ipynb #7b30829a
-def _plain(model):
-    "The model without its DDP or torch.compile wrappers."
-    while hasattr(model, 'module') or hasattr(model, '_orig_mod'):
-        model = getattr(model, 'module', None) or model._orig_mod
-    return model
-
 def _tensors(model):
     "The model's parameters and buffers, each once (tied weights are one tensor)."
     seen, out = set(), []
@@ -130,7 +125,7 @@ class EMA(Callback):
         self.decay, self.every, self.warmup, self.evaluate = decay, every, warmup, evaluate
         self.averaged, self.updates, self._inside, self._dl = None, 0, False, None
 
-    def _live(self): return _tensors(_plain(self.learn.model))
+    def _live(self): return _tensors(plain_model(self.learn.model))
 
     @property
     def eval_columns(self):
@@ -177,6 +172,10 @@ class EMA(Callback):
         finally:
             with torch.no_grad(): torch._foreach_copy_([t.detach() for t in live], saved)
 
+    def averaged_weights(self):
+        "The hook `learn.validate(ema=True)` asks: a context with the averaged weights in the model (None: none yet)."
+        return None if self.averaged is None else self.swapped()
+
     def swap_in(self):
         "Put the averaged weights in the model for good (e.g. before saving it for inference)."
         with torch.no_grad(): torch._foreach_copy_([t.detach() for t in self._live()], self.averaged)
@@ -220,17 +219,6 @@ class SWA(EMA):
 
     def after_step(self):
         if self.learn.step > self.start: super().after_step()
-
-_validate = Learner.validate
-
-@patch_to(Learner)
-def validate(learn, dl=None, ema=False):
-    "Evaluate on `dl` (default: `valid_dl`); `ema=True`: the averaged weights of the Learner's `EMA` (or `SWA`)."
-    if not ema: return _validate(learn, dl)
-    cb = next((c for c in learn.cbs if isinstance(c, EMA) and c.averaged is not None), None)
-    if cb is None:
-        raise ValueError('validate(ema=True) needs an EMA callback that has averaged: Learner(cbs=[EMA()]) and a fit')
-    with cb.swapped(): return _validate(learn, dl)
 
 # %% ../nbs/12b_finetune.ipynb #b0193470
 class ReduceLROnPlateau(Callback):
@@ -344,7 +332,7 @@ _SETTINGS = ('weight_decay', 'momentum', 'betas', 'eps')
 @patch_to(Learner)
 def summary(learn, batch=None):
     "Layers, output shapes for `batch` (default: one of the Learner's), parameters per layer and group, the optimizer."
-    model = _plain(learn.model)
+    model = plain_model(learn.model)
     group_of = {id(p): i for i, g in enumerate(learn.param_groups.groups) for p in g}
     shapes, hooks = {}, []
     def keep(name):

@@ -12,9 +12,10 @@ import copy
 
 from .callback import Callback, Order
 from .checkpoint import load_training_state, read_checkpoint, training_state
-from .core import Learner, patch_to
+from .core import Learner, fills, patch_to
 
 # %% ../nbs/08c_fork.ipynb #9f533be2
+@fills('fork_points')  # Learner(fork_points=N) adds ForkPoints(N)
 class ForkPoints(Callback):
     "Keep the Learner's whole state at each of the last `keep` evaluations, in memory, for `learn.fork(step)`."
     order = Order.SAVE + 1  # after the writers: the state it keeps is the one a checkpoint at this moment would hold
@@ -36,8 +37,6 @@ class ForkPoints(Callback):
         while len(self.points) > self.keep: self.points.pop(next(iter(self.points)))
 
     def steps(self): return list(self.points)
-
-Learner.fork_points_factory = ForkPoints  # Learner(fork_points=N) adds ForkPoints(N)
 
 # %% ../nbs/08c_fork.ipynb #938db490
 def _fork_state(learn, step, checkpoint=None):

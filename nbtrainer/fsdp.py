@@ -11,7 +11,6 @@ __all__ = ['FSDP', 'memory_per_rank']
 import torch
 from torch import nn
 
-from .core import Learner
 from .distributed import DistributedTrainer
 from .fork import ForkPoints
 from .rng import preserve_rng
@@ -22,7 +21,7 @@ def _post_order(module):
     for child in module.children(): yield from _post_order(child)
     yield module
 
-class FSDP(DistributedTrainer):
+class FSDP(DistributedTrainer, name='fsdp'):
     "The FSDP2 strategy: a rank holds a shard of the weights, gradients and optimizer state; data and metrics as DDP."
     sharded = True
 
@@ -82,16 +81,15 @@ class FSDP(DistributedTrainer):
         self.root = fully_shard(model, reshard_after_forward=self.reshard_after_forward, **kwargs)
         return self.root
 
-    def sync_gradients(self, model, sync):
+    def sync_gradients(self, learn, sync):
         "Reduce-scatter the gradients at a window's last micro-batch; at every one when the loader's length is unknown."
-        self.root.set_requires_gradient_sync(sync or self.learn.data_pass.n_batches is None)
+        self.root.set_requires_gradient_sync(sync or learn.data_pass.n_batches is None)
 
-    def after_backward(self): self._unsynced = self.learn.accumulating and self.learn.data_pass.n_batches is not None
+    def unreduced(self, learn): return not learn.window.closed and learn.data_pass.n_batches is not None
 
-    def before_step(self):
+    def sync_window(self, learn):
         "A window whose last micro-batch never reached backward (a callback cancelled it): a zero backward reduces it."
-        if not self._unsynced: return
-        learn, self._unsynced = self.learn, False
+        if not self.unreduced(learn): return
         self.root.set_requires_gradient_sync(True)
         mode = learn.model.training
         learn.model.eval()  # no BatchNorm update, no dropout: the output only carries FSDP's hooks
@@ -107,13 +105,11 @@ class FSDP(DistributedTrainer):
         raise NotImplementedError('freezing or unfreezing a model during FSDP training is not supported: set '
                                   'requires_grad (learn.freeze()) before Learner(strategy="fsdp")')
 
-    def before_fit(self):
-        if any(isinstance(cb, ForkPoints) for cb in self.learn.cbs):
+    def start_fit(self, learn):
+        if any(isinstance(cb, ForkPoints) for cb in learn.cbs):
             raise ValueError('fork_points keeps whole states in one process\'s memory, which FSDP does not have: '
                              'keep them on disk with Checkpointer(every_eval=True), or drop fork_points')
-        super().before_fit()
-
-Learner.strategy_factories['fsdp'] = lambda sync_bn: FSDP(sync_bn=sync_bn)  # Learner(strategy='fsdp')
+        super().start_fit(learn)
 
 # %% ../nbs/15b_fsdp.ipynb #3316b2db
 def _local_bytes(t):

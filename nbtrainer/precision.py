@@ -23,7 +23,7 @@ class MixedPrecision:
         self.name, self.dtype, self.device_type = precision, self.dtypes[precision], torch.device(device).type
         self.scaler = torch.amp.GradScaler(self.device_type) if precision == 'fp16' else None
         self.skipped = torch.zeros((), dtype=torch.int64, device=device) if self.scaler is not None else None
-        self._unscaled = False  # this step's gradients were divided by the scale already
+        self.unscaled = False  # this step's gradients were divided by the scale already (the Learner reads it)
 
     def __repr__(self): return f'MixedPrecision({self.name!r})'
 
@@ -38,17 +38,17 @@ class MixedPrecision:
 
     def unscale(self, opt):
         "Divide `opt`'s gradients by the loss scale, once per step: before clipping, or anything else that reads them."
-        if self.scaler is not None and not self._unscaled:
+        if self.scaler is not None and not self.unscaled:
             self.scaler.unscale_(opt)
-            self._unscaled = True
+            self.unscaled = True
 
-    def step(self, opt):
-        "Step `opt`; with fp16 a step the scaler skips (inf or NaN gradients) is counted in `skipped`, on the device."
+    def update_weights(self, opt):
+        "`opt` updates the weights; with fp16 an update the scaler skips (inf or NaN gradients) is counted in `skipped`, on the device."
         if self.scaler is None: return opt.step()
         before = self.scaler._scale.clone()  # the scale, on the device: get_scale() would read it back, a sync
         self.scaler.step(opt)
         self.scaler.update()
-        self._unscaled = False
+        self.unscaled = False
         self.skipped += self.scaler._scale < before  # it backs off exactly when it skipped the step
 
     def skipped_steps(self):
@@ -57,9 +57,9 @@ class MixedPrecision:
 
     def end_step(self):
         "After a step that a callback cancelled once the gradients were unscaled: close it, so the next step starts clean."
-        if self._unscaled:
+        if self.unscaled:
             self.scaler.update()
-            self._unscaled = False
+            self.unscaled = False
 
     def state_dict(self):
         return {} if self.scaler is None else {'scaler': self.scaler.state_dict(), 'skipped': self.skipped.clone()}

@@ -11,9 +11,10 @@ __all__ = ['Preemption']
 import signal, threading
 
 from .callback import Callback, Order, PreemptedException, add_note
-from .core import Learner
+from .core import fills
 
 # %% ../nbs/08b_preemption.ipynb #acfb60a3
+@fills('preemption')  # every Learner gets one, unless Learner(preemption=False)
 class Preemption(Callback):
     "SIGTERM/SIGUSR1 during a fit: finish the step, checkpoint it, end the fit as 'preempted', exit with 128 + signal."
     order = Order.CONTROL + 50  # after every other callback has seen the step, the Checkpointer's save included
@@ -51,5 +52,3 @@ class Preemption(Callback):
             add_note(learn.fit_exception, f'{signal.Signals(signum).name} arrived during this fit')
         elif self.exit:  # preempted, or a signal after the last step (the final evaluation, a save, after_fit): never lost
             raise SystemExit(128 + signum)  # every other callback's after_fit ran before this one
-
-Learner.preemption_factory = Preemption  # every Learner gets one, unless Learner(preemption=False)

@@ -12,7 +12,6 @@ __all__ = ['in_jupyter', 'format_row', 'format_header', 'describe_ending', 'brie
 import math, sys, time
 
 from .callback import Callback, Order
-from .core import Learner
 from .data import loader_length
 
 # %% ../nbs/02_progress.ipynb #cde00985
@@ -101,6 +100,7 @@ class ProgressCallback(Callback):
     def before_fit(self):
         learn = self.learn
         self._header_done = False
+        learn.recorder.keep_fresh(self.refresh)  # the loop reads the losses at most `refresh` s before the bar shows them
         n_batches = loader_length(learn.train_dl)
         steps_per_epoch = learn.steps_per_epoch or (math.ceil(n_batches / learn.accumulate) if n_batches else None)
         epochs = learn.n_epochs or (math.ceil(learn.n_steps / steps_per_epoch) if learn.n_steps and steps_per_epoch else None)
@@ -129,7 +129,7 @@ class ProgressCallback(Callback):
         if self.batch_bar is None: return
         self.batch_bar.update(self._pending)
         self._pending = 0
-        loss = self.learn.recorder.smooth_loss  # the one sync
+        loss = self.learn.recorder.smooth_loss  # as the loop last read it: reading it reads nothing
         extras = ''.join(f', {k}={v}' for k, v in self.learn.status.items())  # short texts other callbacks post
         self.batch_bar.set_postfix_str(f'loss={loss:.4g}{extras}', refresh=True)
 
@@ -173,6 +173,3 @@ class ProgressCallback(Callback):
             if bar is not None: self._close(bar)
         self.epoch_bar = self.batch_bar = self.valid_bar = None
         self._refresh = self._show
-
-# %% ../nbs/02_progress.ipynb #d8d7bb91
-Learner.display_factory = lambda dashboard, display=None: ProgressCallback()  # nbtrainer.dashboard adds Jupyter's

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .callback import Callback, CancelBatchException, NonFiniteLossError, Order
+from .clock import now
 from .metrics import computed, metric_name, state_leaves
 
 # %% ../nbs/00d_recorder.ipynb #bab41fcf
@@ -208,6 +209,7 @@ class Recorder(Callback):
         self._queue, self.since_row = [], [0.0, 0]  # since_row: the training loss's sum and examples since the last row
         self.nonfinite = None  # under DDP, the non-finite loss error a rank found, until all ranks stop together
         self._resumed = {}  # from a checkpoint: the fit's time so far, and the last step's clipped grad_norm
+        self.fresh_within, self._read_at = None, 0.0  # keep_fresh's seconds (None: by count alone), the last reading
 
     def _column(self, name, restored=None):
         "Rows appended as they come: the loss in float32 (as read from the device); epoch, batch, step and lr as runs."
@@ -217,6 +219,11 @@ class Recorder(Callback):
 
     def before_fit(self):  # a resumed fit's rows go on counting its time from where the checkpoint was
         self._start, self._held = time.perf_counter() - self._resumed.pop('time', 0.0), 0.0
+        self.fresh_within = None  # the displays of this fit ask again, in their before_fit
+
+    def keep_fresh(self, seconds):
+        "Also read the queue at the first batch `seconds` after the last reading: a display showing `smooth_loss` asks it."
+        self.fresh_within = seconds if self.fresh_within is None else min(self.fresh_within, seconds)
 
     @contextlib.contextmanager
     def held(self):
@@ -231,13 +238,15 @@ class Recorder(Callback):
         learn = self.learn
         progress = learn.progress
         self._queue.append((learn.loss.detach(), learn.bs, progress.epoch, learn.iter, progress.step, learn.opt.param_groups[-1]['lr']))
-        if len(self._queue) >= self.flush_every: self.flush()
+        fresh = self.fresh_within
+        if len(self._queue) >= self.flush_every or (fresh is not None and now() - self._read_at >= fresh): self.flush()
         if self.train_metrics: learn.update_metrics(self.train_metrics)  # on the device, as in validation: no sync
 
     def after_train(self): self.flush()
 
     def flush(self):
         "Read the queued losses to the host (one sync) and check them."
+        self._read_at = now()
         if not self._queue: return
         queue, self._queue = self._queue, []
         losses, sizes, epochs, batches, steps, lrs = zip(*queue)  # columns
@@ -268,8 +277,7 @@ class Recorder(Callback):
 
     @property
     def smooth_loss(self):
-        "The debiased moving average of the training loss (reads the queue: a host sync)."
-        self.flush()
+        "The debiased moving average of the training loss, as of the queue's last reading (reading it reads nothing)."
         average, weight = self._smooth
         return average / weight if weight else math.nan
 
