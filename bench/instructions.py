@@ -41,7 +41,8 @@ def child(mode, steps):
         ov.hand_written_epoch(model, torch.optim.Adam(model.parameters(), lr=1e-3), train, valid)
         return
     if mode == 'hand_loader':
-        hand_written_loader_epoch(model, torch.optim.Adam(model.parameters(), lr=1e-3), train, valid, torch.device('cpu'))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        hand_written_loader_epoch(model, opt, train, valid, torch.device('cpu'))
         return
     extra = {'train_metrics': ('accuracy',)} if mode == 'train_metrics' else {}
     learn = Learner(model, train, valid, opt_func=torch.optim.Adam, lr=1e-3, metrics=('accuracy',), progress=False, **extra)

@@ -21,7 +21,7 @@ from .rng import preserve_rng
 
 # %% ../nbs/00i_batches.ipynb #544ffa27
 class BatchReader:
-    "How the Learner reads a batch: inputs, target, weights and examples; what metrics compare; the first batch's checks."
+    "How the Learner reads a batch: inputs, target, weights, examples; what metrics compare; the first batch's checks"
     target_keys = ('y', 'target', 'targets', 'label', 'labels')
     weight_keys = ('weight', 'mask')  # per-example weights in dict batches: 0 marks padding
     pred_key = 'logits'  # the predictions in a model output that is a mapping or dataclass
@@ -44,7 +44,8 @@ class BatchReader:
         self.weights = self.strategy.mask_padding(self, self.batch_weights(self.batch))
         self.tokens = self.target_tokens()
         # what the loss averages over: examples (an int, or a device tensor when weighted) or tokens (a device tensor)
-        if self.tokens is not None: self.bs = (self.tokens if self.weights is None else self.tokens * self.weights).sum()
+        if self.tokens is not None:
+            self.bs = (self.tokens if self.weights is None else self.tokens * self.weights).sum()
         elif self.weights is not None: self.bs = self.weights.sum()
         else: self.bs = batch_size(self.yb if self.yb is not None else self.xb)
 
@@ -54,7 +55,7 @@ class BatchReader:
         return all(getattr(type(self), m) is getattr(BatchReader, m) for m in own) and not vars(self).keys() & set(own)
 
     def split_batch(self, batch):
-        "Split a batch into model inputs `xb` (a tuple, or a dict of keyword inputs) and target `yb` (None if it has none)."
+        "Split a batch into model inputs `xb` (a tuple, or a dict of keyword inputs) and target `yb` (or None)"
         return inputs_and_target(batch, plain_model(self.model), self.target_keys, self.weight_keys)
 
     def batch_weights(self, batch):
@@ -64,11 +65,12 @@ class BatchReader:
         return None if key is None else batch[key].float()
 
     def target_tokens(self):
-        "Per-example counts of the labels a token-mean loss averages over (those not ignored), or None for a mean over examples."
+        "Per-example counts of the labels a token-mean loss averages over (not ignored), or None: a mean over examples."
         y, loss = self.yb, self.loss_func
         if not (isinstance(y, torch.Tensor) and y.ndim >= 2 and not y.is_floating_point()): return None
-        if not (self._model_loss() or loss in (F.cross_entropy, F.nll_loss) or (
-                isinstance(loss, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)) and loss.reduction == 'mean')): return None
+        token_mean = self._model_loss() or loss in (F.cross_entropy, F.nll_loss) or (
+            isinstance(loss, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)) and loss.reduction == 'mean')
+        if not token_mean: return None
         if self.shifts_labels(): y = y[:, 1:]
         return (y != self._ignore_index()).flatten(1).sum(1).float()  # on the device: no sync
 
@@ -89,7 +91,7 @@ class BatchReader:
         return bool(re.search(r'CausalLM|LMHead', str(getattr(model, 'loss_type', None) or type(model).__name__)))
 
     def metric_inputs(self):
-        "The predictions and targets metrics compare, paired as the loss pairs them (shifted by one token for a causal LM)."
+        "The predictions and targets metrics compare, paired as the loss pairs them (a token apart for a causal LM)"
         if self.shifts_labels() and isinstance(self.pred, torch.Tensor) and self.pred.ndim == 3:
             return self.pred[:, :-1], self.yb[:, 1:]
         return self.pred, self.yb
@@ -103,11 +105,11 @@ class BatchReader:
             if self.weights is None: m.update(pred, target)
             elif isinstance(m, Metric): m.update(pred, target, weight=self.weights)
             else:  # another library's metric (torchmetrics) takes no weights: padding rows (weight 0) left out
-                if kept is None: kept = pred[self.weights != 0], target[self.weights != 0]  # a sync: weighted batches only
+                if kept is None: kept = pred[self.weights != 0], target[self.weights != 0]  # a sync: weighted only
                 if len(kept[1]): m.update(*kept)  # a batch of padding alone: nothing to add
 
     def predict_batch(self, batch):
-        "The model's predictions for one `batch` (as a loader yields it), through `predict`, in eval mode and precision, no grad."
+        "The model's predictions for one `batch` (as a loader yields it): `predict`, eval mode, its precision, no grad"
         saved, mode = (self.xb, self.yb, self.pred), self.model.training
         self.model.eval()
         try:
@@ -130,7 +132,7 @@ class BatchReader:
                           lambda probe: self.update_metrics([probe]))
 
     def _diagnose_labels(self, error):
-        "A model that computes its loss failed on the first batch: out-of-range labels, found by a forward without them?"
+        "A model computing its loss failed on the first batch: out-of-range labels, found by a forward without them?"
         self.xb = {k: v for k, v in self.xb.items() if v is not self.yb}  # the batch fails anyway: xb may change
         try:
             with torch.no_grad(): self.predict()

@@ -109,7 +109,7 @@ class CallbackHost:
     main_process = True  # under DDP, a host on another rank leaves out `main_process_only` callbacks
 
     def __init__(self, cbs=(), scopes=()):
-        "`scopes`: each event pair's (name, cancel, the name of the method that ends it or None, always): an `EventScope`."
+        "`scopes`: each event pair's (name, cancel, the name of the method that ends it or None, always): EventScopes."
         self.cbs, self.training, self._dispatch = [], False, types.SimpleNamespace(tables=dispatch_tables([]))
         for name, cancel, last, always in scopes:
             setattr(self._dispatch, name, EventScope(self, name, cancel, last and getattr(self, last), always))
@@ -159,7 +159,7 @@ class CallbackHost:
 
 # %% ../nbs/00a_callback.ipynb #f28825b1
 class EventScope:
-    "One event pair around a block that fires `before_<name>` first: `last(exc)`, `after_cancel_<name>` if cancelled, `after_<name>`."
+    "An event pair around a block that fires `before_<name>` first; out: `last`, `after_cancel_<name>`, `after_<name>`"
     def __init__(self, host, name, cancel, last=None, always=False):
         self.host, self.cancel, self.last, self.always = host, cancel, last, always
         self.after, self.after_cancel = 'after_' + name, 'after_cancel_' + name

@@ -7,7 +7,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/checkpoint.html.md"""
 # %% auto #0
 __all__ = ['FORMAT', 'ROW_WIDTH', 'ROW_BYTES', 'CONFIG_PARTS', 'STATE_FILE', 'plain_state_dict', 'run_config', 'config_changes',
            'read_checkpoint', 'training_state', 'load_plain_state_dict', 'load_training_state', 'plain_checkpoint',
-           'Checkpointer', 'resume']
+           'Checkpointer']
 
 # %% ../nbs/08_checkpoint.ipynb #51cc03d5
 import fcntl, hashlib, math, numbers, os, shutil, socket, threading, warnings, weakref, zlib
@@ -654,9 +654,10 @@ def _checkpointer(learn):
     if not found: raise ValueError('this Learner has no Checkpointer callback: pass resume=<path> instead')
     return found[0]
 
+@patch_to(Learner)
 @fills('resume')
 def resume(learn, checkpoint=True, allow_changes=None, lr_given=False):
-    "The Learner's `resume` hook, what `fit(resume=...)` does: load the newest intact checkpoint of its `Checkpointer` (True), or the file `checkpoint`."
+    "The Learner's `resume` hook (`fit(resume=...)`): load its `Checkpointer`'s newest intact checkpoint, or a file"
     learn.strategy.barrier()  # every checkpoint rank 0 was writing is on disk
     if checkpoint is True:
         path = _newest_readable(_checkpointer(learn).folder) if learn.main_process else None

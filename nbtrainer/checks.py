@@ -31,7 +31,7 @@ def hyperparameter(name, value, positive=True):
 
 # %% ../nbs/00e_checks.ipynb #8b46bec6
 def check_arguments(loss_func=None, compile=False, clip_grad_norm=None):
-    "The Learner's `loss_func` (callable, or None), `compile` (a bool, or torch.compile's options), and `clip_grad_norm` as a float."
+    "The Learner's `loss_func` (callable or None) and `compile` (a bool or options), and `clip_grad_norm` as a float."
     if loss_func is not None and not callable(loss_func):
         raise TypeError('loss_func must be a function loss(pred, target) or a loss module such as '
                         f'nn.CrossEntropyLoss(); got {loss_func!r}')
@@ -83,7 +83,7 @@ def _unfit_metric(m, pred, target, why):
             + (f'; metrics that fit: {", ".join(fits)}' if fits else ''))
 
 def check_metrics(metrics, pred, target, update):
-    "Each metric on a copy of this batch (`update([copy])` updates it as the Learner would): one that does not fit fails now."
+    "Each metric on a copy of this batch (`update(copy)` as the Learner does): one that does not fit fails now"
     for m in metrics:
         try:
             probe = copy.deepcopy(m)

@@ -8,7 +8,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/core.html.md"""
 __all__ = ['HOOKS', 'patch_to', 'fills', 'Learner']
 
 # %% ../nbs/00_core.ipynb #3597a7bf
-import contextlib, copy, math, re, threading, warnings
+import contextlib, math, threading, warnings
 from collections.abc import Mapping
 
 import torch
@@ -16,8 +16,7 @@ import torch.nn.functional as F
 
 from .batches import BatchReader
 from .callback import (CallbackHost, CancelBackwardException, CancelBatchException, CancelEpochException,
-                                CancelFitException, CancelStepException, CancelTrainException, CancelValidateException,
-                                PreemptedException)
+                                CancelFitException, CancelStepException, CancelTrainException, CancelValidateException)
 from .checks import check_arguments, check_loss
 from .data import (as_float32, batch_size, check_fit_loaders, check_loader, model_prediction, no_target_message,
                             plain_model, resolve_device, subset_loader)
@@ -36,9 +35,9 @@ def patch_to(cls, as_prop=False):
         held = getattr(held, 'fget', held)
         again = getattr(held, 'patched_from', None) in (f.__module__, '__main__') or f.__module__ == '__main__'
         if held is not None and not (hasattr(held, 'patched_from') and again):  # a notebook may re-run its own cell
-            raise TypeError(f'{cls.__name__}.{name} exists already ({getattr(held, "__module__", "?")}): a feature adds '
-                            'methods, it never replaces one. Give the method a name of its own, or use a hook '
-                            '(nbs/00_core.ipynb, "Hooks")')
+            where = getattr(held, '__module__', '?')
+            raise TypeError(f'{cls.__name__}.{name} exists already ({where}): a feature adds methods, it never '
+                            'replaces one. Give it a name of its own, or use a hook (nbs/00_core.ipynb, "Hooks")')
         f.__qualname__, f.patched_from = f'{cls.__name__}.{name}', f.__module__
         setattr(cls, name, property(f) if as_prop else f)
         return f
@@ -48,11 +47,11 @@ def patch_to(cls, as_prop=False):
 HOOKS = dict.fromkeys(('display', 'preemption', 'fork_points', 'resume'))  # name -> the function that fills it
 
 def fills(hook):
-    "Decorator: the function fills the Learner's `hook` (a key of `HOOKS`); the module that owns the feature fills it, once."
+    "Decorator: the function fills the Learner's `hook` (a key of `HOOKS`), once, in the module that owns the feature"
     if hook not in HOOKS: raise ValueError(f'no hook {hook!r}: the hooks are {sorted(HOOKS)}')
     def fill(f):
         held = HOOKS[hook]
-        if held is not None and held.__qualname__ != f.__qualname__:  # the same function again: a notebook re-ran it
+        if held is not None and held.__name__ != f.__name__:  # the same function again: a notebook re-ran its cell
             raise ValueError(f'hook {hook!r} is filled by {held.__module__}.{held.__qualname__} already')
         HOOKS[hook] = f
         return f
@@ -60,16 +59,17 @@ def fills(hook):
 
 def _hook(name, why):
     "The function that fills hook `name`; one clear error if no module did."
-    if HOOKS[name] is None: raise RuntimeError(f'{why} needs nbtrainer.{_OWNERS[name]}, which is not imported: import nbtrainer')
+    if HOOKS[name] is None: raise RuntimeError(f'{why} needs nbtrainer.{_OWNERS[name]}, not imported: import nbtrainer')
     return HOOKS[name]
 
 _OWNERS = {'display': 'dashboard', 'preemption': 'preemption', 'fork_points': 'fork', 'resume': 'checkpoint'}
 
 # %% ../nbs/00_core.ipynb #26eb173c
-_SCOPES = (('fit', CancelFitException, '_fit_ended', True), ('epoch', CancelEpochException, None, False),  # the event
+# the event pairs, each an EventScope: (name, its cancel exception, the method that ends it, closes on errors too)
+_SCOPES = (('fit', CancelFitException, '_fit_ended', True), ('epoch', CancelEpochException, None, False),
            ('train', CancelTrainException, '_end_train', False), ('validate', CancelValidateException, None, False),
            ('batch', CancelBatchException, '_end_batch', False), ('backward', CancelBackwardException, None, False),
-           ('step', CancelStepException, None, False))  # pairs: name, cancel, the method that ends it, always: EventScope
+           ('step', CancelStepException, None, False))
 
 def _default_callbacks(progress, dashboard, display, preemption, skip_nonfinite, fork_points):
     "The callbacks a Learner's arguments add besides its Recorder: the display, Preemption, SkipNonFinite, ForkPoints."
@@ -79,10 +79,10 @@ def _default_callbacks(progress, dashboard, display, preemption, skip_nonfinite,
     if fork_points: defaults.append(_hook('fork_points', 'Learner(fork_points=N)')(fork_points))
     return defaults
 
-def _delegate(part, name, doc=None):
+def _delegate(part, name):
     "A Learner property that reads and writes `name` of the part `learn.<part>`: the part owns it."
     return property(lambda self: getattr(getattr(self, part), name),
-                    lambda self, value: setattr(getattr(self, part), name, value), doc=doc or f'`learn.{part}.{name}`')
+                    lambda self, value: setattr(getattr(self, part), name, value), doc=f'`learn.{part}.{name}`')
 
 class Learner(CallbackHost, BatchReader):
     "Train `model` on `train_dl` with `loss_func` and an optimizer from `opt_func`; callbacks see every step."
@@ -110,7 +110,7 @@ class Learner(CallbackHost, BatchReader):
         self.lr_note = None  # why learn.lr is no lr to train at (lr_find found no descent); setting lr clears it
         self.create_opt()
         self.validation, self.fit_state = Validation(), FitState()
-        self.grad_norm, self.model_output, self.status = None, None, {}  # status: short texts callbacks post for displays
+        self.grad_norm, self.model_output, self.status = None, None, {}  # status: texts callbacks post for displays
         self.xb = self.yb = self.pred = self.tokens = None  # predict_batch saves and restores them, before any fit too
         self._check_next = self._read_pairs = False  # the phase's first batch is checked; pairs are read in place
         self.recorder = Recorder(train_metrics=make_metrics(train_metrics, loss_func, self.device, prefix='train_'))
@@ -187,7 +187,8 @@ class Learner(CallbackHost, BatchReader):
     def predict(self):
         "The model's output for `learn.xb` in `learn.model_output`, and the prediction in it in `learn.pred`."
         out = self.model(**self.xb) if isinstance(self.xb, dict) else self.model(*self.xb)
-        self.model_output, self.pred = out, out if isinstance(out, torch.Tensor) else model_prediction(out, self.pred_key)
+        self.model_output = out
+        self.pred = out if isinstance(out, torch.Tensor) else model_prediction(out, self.pred_key)
 
     def get_loss(self):
         "The batch's mean loss, in `learn.loss`: the model's own if its output carries one, else `loss_func`'s (weighted)."
@@ -216,11 +217,11 @@ class Learner(CallbackHost, BatchReader):
     def __init_subclass__(cls, **kwargs):  # a subclass's opt_step, the old name of update_weights, is still called
         super().__init_subclass__(**kwargs)
         if 'opt_step' in vars(cls) and 'update_weights' not in vars(cls):
-            warnings.warn(f'{cls.__name__}.opt_step: override update_weights, its new name', DeprecationWarning, stacklevel=2)
+            warnings.warn(f'{cls.__name__}.opt_step: override update_weights (its new name)', DeprecationWarning, 2)
             cls.update_weights = cls.opt_step
 
     def update_weights(self):
-        "The optimizer's update of the weights (through the fp16 scaler, which skips one whose gradients hold inf or NaN)."
+        "The optimizer updates the weights (through the fp16 scaler, which skips an update of gradients not finite)."
         self.precision.update_weights(self.opt)
 
     def zero_grad(self): self.opt.zero_grad()
@@ -252,17 +253,18 @@ class Learner(CallbackHost, BatchReader):
         n_batches = check_fit_loaders(self.train_dl, self.valid_dl, epochs, steps_per_epoch)
         progress, continuing = self.progress, self.progress.continuing
         progress.start_fit()
-        if resume:  # the hook nbtrainer.checkpoint fills: the whole state back, fit_start and mid-epoch position included
+        if resume:  # the hook nbtrainer.checkpoint fills: the whole state back, the fit's start and position included
             _hook('resume', 'fit(resume=...)')(self, resume, allow_changes=allow_changes, lr_given=lr is not None)
         if reset_opt: self.create_opt()
         if lr is not None: self.lr = lr
-        progress.plan(epochs, steps, steps_per_epoch, eval_every, math.ceil(n_batches / self.window.n) if n_batches else None,
-                      eval_subset)
+        per_pass = math.ceil(n_batches / self.window.n) if n_batches else None  # optimizer steps in a pass
+        progress.plan(epochs, steps, steps_per_epoch, eval_every, per_pass, eval_subset)
         if continuing and not resume: progress.check_left()  # a fork's fit with nothing left says which call goes on
         validation = self.validation
         validation.fit_dl, validation.fit_prefix = self.valid_dl, ''
         if eval_subset is not None and self.valid_dl is not None:  # periodic evaluations on a fixed, seeded subset
-            validation.fit_dl, validation.fit_prefix = subset_loader(self.valid_dl, eval_subset, self.eval_seed), 'subset_'
+            subset = subset_loader(self.valid_dl, eval_subset, self.eval_seed)
+            validation.fit_dl, validation.fit_prefix = subset, 'subset_'
 
     def _run_fit(self):
         "The fit in its scope, whose closing events (`after_fit`) reach every callback whatever ended it."
@@ -295,6 +297,7 @@ class Learner(CallbackHost, BatchReader):
     def _epoch(self):
         "An epoch: its training phase, then its evaluation unless the fit evaluates every `eval_every` steps."
         with self._dispatch.train:
+            self.strategy.start_train(self)
             self('before_train')
             self._train()
         self.progress.epoch_done = True  # training of this epoch is complete: a checkpoint from now on resumes at the next
@@ -307,9 +310,8 @@ class Learner(CallbackHost, BatchReader):
         self.dl, data, progress = self.train_dl, self.data_pass, self.progress
         self.model.train()
         self._check_next, self._read_pairs = True, self._plain_batches()
-        if self.window.backwards: self.zero_grad()  # a window a cancel cut short: its gradients do not leak into the next
+        if self.window.backwards: self.zero_grad()  # a window a cancel cut short: no gradient leaks into the next
         self.window.drop()
-        self.strategy.start_train(self)
         end = progress.train_end_step()
         if data.resume_at or not progress.steps_per_epoch: data.end()  # an epoch is a pass of its own
         while progress.step < end:
@@ -329,11 +331,12 @@ class Learner(CallbackHost, BatchReader):
     def _end_train(self, exc): self.strategy.end_train(self)  # DDP: a stop asked on any rank, at the end of training
 
     def _one_batch(self, batch):
-        "One batch in its scope: forward and loss; in training, backward, and the step when its window ends (`_end_batch`)."
+        "One batch in its scope: forward and loss; in training, backward, and the step when it ends a window"
         self._read_batch(batch)
         training, window = self.training, self.window
-        if training:  # the window: planned at its first micro-batch, then counted
-            if window.left: window.take(self.bs)
+        if training:  # the accumulation window: planned at its first micro-batch, once
+            if window.left: window.take(self.bs)  # a later micro-batch of the window under way
+            elif window.n == 1: window.open(1, self.bs, self.bs)  # no accumulation: each batch is its own window
             else: self._open_window()
             if self.strategy.distributed: self.strategy.count_examples(self)
         with self._dispatch.batch:
@@ -366,7 +369,7 @@ class Learner(CallbackHost, BatchReader):
         if self._events['after_loss']: self('after_loss')
 
     def _open_window(self):
-        "A window's first micro-batch: the plan, made once: its micro-batches (cut at the pass's end), its step's examples."
+        "A window's first micro-batch: its plan, made once: its micro-batches (cut at a pass's end), its examples"
         data, n = self.data_pass, self.window.n
         n = n if data.n_batches is None else min(n, data.n_batches - self.iter)
         if n == 1: examples = self.bs
@@ -400,11 +403,10 @@ class Learner(CallbackHost, BatchReader):
 
     # ---- validation, and the fit's evaluations ----
     def validate(self, dl=None, ema=False):
-        "Evaluate on `dl` (default: `valid_dl`) and return {metric name: value}; `ema=True`: with a callback's averaged weights."
-        swap = next(filter(None, (getattr(cb, 'averaged_weights', lambda: None)() for cb in self.cbs)), None) if ema else \
-            contextlib.nullcontext()  # the hook EMA and SWA fill: a context with the averaged weights in the model
-        if swap is None:
-            raise ValueError('validate(ema=True) needs an EMA callback that has averaged: Learner(cbs=[EMA()]) and a fit')
+        "Evaluate on `dl` (default: `valid_dl`); {metric name: value}. `ema=True`: with a callback's averaged weights."
+        swaps = (getattr(cb, 'averaged_weights', lambda: None)() for cb in self.cbs)  # the hook EMA and SWA fill
+        swap = next(filter(None, swaps), None) if ema else contextlib.nullcontext()
+        if swap is None: raise ValueError('validate(ema=True) needs an EMA callback that averaged: cbs=[EMA()], a fit')
         saved, evaluating = self.metric_values, self.evaluating
         self.evaluating = False  # inside a fit's evaluation (e.g. EMA's): not one itself
         try:
@@ -426,7 +428,7 @@ class Learner(CallbackHost, BatchReader):
         try:
             values = self._run_validate(validation.fit_dl if dl is None else dl,
                                         prefix=validation.fit_prefix if prefix is None else prefix)
-            if dl is None and validation.fit_prefix and self.progress.fit_ends_now():  # the fit's last: the full set too
+            if dl is None and validation.fit_prefix and self.progress.fit_ends_now():  # the fit's last: full set too
                 validation.values = {**values, **self._run_validate(self.valid_dl)}
             self.strategy.end_evaluation(self)  # DDP: the training statistics since the last row, summed
             validation.row = self.recorder.add_row()

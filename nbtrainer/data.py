@@ -60,14 +60,16 @@ def check_loader(name, dl):
         raise TypeError(f'{name} is a Dataset, which gives one example at a time, not a loader of batches: '
                         f'pass DataLoader(dataset, batch_size=...{", shuffle=True" if name == "train_dl" else ""})')
     if isinstance(dl, Iterator):  # a generator, iter(loader), a file: its second pass would be empty
-        raise TypeError(f'{name} is {"a generator" if inspect.isgenerator(dl) else "an iterator"}, which can be iterated '
-                        'once: the next epoch (or evaluation) would find it empty. Pass a DataLoader, a list of batches, '
-                        'or an object whose __iter__ starts a new pass (e.g. a class with __iter__ that yields batches)')
+        kind = 'a generator' if inspect.isgenerator(dl) else 'an iterator'
+        raise TypeError(f'{name} is {kind}, which can be iterated once: the next epoch (or evaluation) would find '
+                        'it empty. Pass a DataLoader, a list of batches, or an object whose __iter__ starts a new pass '
+                        '(e.g. a class with __iter__ that yields batches)')
 
 # %% ../nbs/00b_data.ipynb #8909b8ca
 def plain_model(model):
     "The model without its DDP or torch.compile wrappers."
-    while hasattr(model, 'module') or hasattr(model, '_orig_mod'): model = getattr(model, 'module', None) or model._orig_mod
+    while hasattr(model, 'module') or hasattr(model, '_orig_mod'):
+        model = getattr(model, 'module', None) or model._orig_mod
     return model
 
 _forward_arguments = weakref.WeakKeyDictionary()  # model -> what its forward takes
@@ -90,7 +92,8 @@ def no_target_message(batch, target_keys):
 
 def inputs_and_target(batch, model, target_keys, weight_keys):
     "A batch's model inputs (a tuple, or a dict of keyword inputs) and its target (None if it has none)."
-    if isinstance(batch, (list, tuple)): return (tuple(batch), None) if len(batch) == 1 else (tuple(batch[:-1]), batch[-1])
+    if isinstance(batch, (list, tuple)):
+        return (tuple(batch), None) if len(batch) == 1 else (tuple(batch[:-1]), batch[-1])
     if not isinstance(batch, Mapping): return (batch,), None
     key = next((k for k in target_keys if k in batch), None)
     target = batch[key] if key is not None else None

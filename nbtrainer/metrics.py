@@ -543,8 +543,8 @@ def get_metric(spec, loss_func=None):
     raise TypeError(f"Expected a metric name, a metric, or a function f(preds, targets), got {spec!r} ({type(spec).__name__})")
 
 # %% ../nbs/01_metrics.ipynb #6dfe6ecb
-RESERVED_COLUMNS = ('epoch', 'batch', 'step', 'lr', 'lrs', 'loss', 'train_loss', 'valid_loss', 'grad_norm', 'skipped_steps',
-                    'time')
+RESERVED_COLUMNS = ('epoch', 'batch', 'step', 'lr', 'lrs', 'loss', 'train_loss', 'valid_loss', 'grad_norm',
+                    'skipped_steps', 'time')
 REGRESSION_LOSSES = (F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss)
 
 def default_metrics(loss_func):
@@ -556,7 +556,7 @@ def default_metrics(loss_func):
     return ('accuracy',)
 
 def make_metrics(metrics, loss_func=None, device='cpu', prefix=''):
-    "Metric objects for `metrics` on `device`; the loss is always recorded, and no name may collide with another column."
+    "Metric objects for `metrics` on `device`; the loss is always recorded; no name may collide with another column."
     if isinstance(metrics, str) or not hasattr(metrics, '__iter__'): metrics = [metrics]
     made, names = [], set()
     for spec in metrics:

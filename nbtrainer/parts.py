@@ -14,7 +14,6 @@ import contextlib, copy, math, numbers, os, threading, uuid, warnings
 from typing import Protocol, runtime_checkable
 
 import torch
-from torch.utils.data import DataLoader
 
 from .callback import CancelFitException, PreemptedException
 from .checks import hyperparameter
@@ -30,7 +29,7 @@ class FitProgress:
         self.run_id = uuid.uuid4().hex[:12]  # a run's identity: a checkpoint records it, a resume continues it
         self.parent, self.continuing = None, False  # a forked run's parent {'run': id, 'step': step}
         self.call = None  # the fit's arguments (epochs, steps, ...): the same fit continues a fork or a resume
-        self.reproducibility = None  # what the run's determinism was (deterministic=, cuDNN's flags, the seed): recorded
+        self.reproducibility = None  # the run's determinism (deterministic=, cuDNN's flags, the seed), as recorded
         self.epoch = self.step = self.last_eval_step = 0
         self.fit_start, self.epoch_done = (0, 0), False
         self.n_epochs = self.n_steps = self.eval_every = self.steps_per_epoch = None
@@ -45,7 +44,8 @@ class FitProgress:
         "This run becomes a branch of itself at `step` (a fork): a new run id and its parent; the next fit continues."
         self.parent, self.run_id, self.continuing = {'run': self.run_id, 'step': step}, uuid.uuid4().hex[:12], True
 
-    def plan(self, epochs=None, steps=None, steps_per_epoch=None, eval_every=None, steps_per_pass=None, eval_subset=None):
+    def plan(self, epochs=None, steps=None, steps_per_epoch=None, eval_every=None, steps_per_pass=None,
+             eval_subset=None):
         "The fit's plan; `steps_per_pass`: optimizer steps in one pass over the loader (None if it cannot tell)."
         self.call = dict(epochs=epochs, steps=steps, steps_per_epoch=steps_per_epoch, eval_every=eval_every,
                          eval_subset=eval_subset)
@@ -58,17 +58,17 @@ class FitProgress:
     def more_epochs(self): return self.epoch < self.end_epoch and self.step < self.end_step
 
     def check_left(self):
-        "A fit that continues a fork's plan must have something left to train; else one error that names the call that does."
+        "A fit continuing a fork's plan must have something left to train; else one error naming the call that does."
         if self.more_epochs(): return
         self.continuing = True  # the fork still waits for the fit that continues it
         epochs, steps = self.call['epochs'], self.call['steps']
         done = self.step - self.fit_start[1] if steps else self.epoch - self.fit_start[0]
         asked, unit = (f'steps={steps}', 'step') if steps else (str(epochs), 'epoch')
         more = f'steps={steps + done}' if steps else str(epochs + done)
+        start, end = (self.fit_start[1], self.end_step) if steps else (self.fit_start[0], self.end_epoch)
         raise ValueError(f'fit({asked}) has nothing left to train: after a fork, a fit continues the forked fit, whose '
-                         f'{unit}s count from its start at {unit} {self.fit_start[1] if steps else self.fit_start[0]} (as '
-                         f'resume=True does), so this plan ends at {unit} {self.end_step if steps else self.end_epoch}, '
-                         f'where the Learner is. fit({more}) trains {steps or epochs} more {unit}s')
+                         f'{unit}s count from its start at {unit} {start} (as resume=True does), so this plan ends at '
+                         f'{unit} {end}, where the Learner is. fit({more}) trains {steps or epochs} more {unit}s')
 
     def next_epoch(self): self.epoch, self.epoch_done = self.epoch + 1, False
 
@@ -109,8 +109,10 @@ class FitProgress:
 def check_plan(epochs=None, steps=None, steps_per_epoch=None, eval_every=None):
     "Exactly one of `epochs` and `steps`, and each number given an int > 0: one clear error otherwise."
     if (epochs is None) == (steps is None): raise ValueError('fit needs exactly one of epochs= or steps=')
-    for name, v in (('epochs', epochs), ('steps', steps), ('steps_per_epoch', steps_per_epoch), ('eval_every', eval_every)):
-        if v is not None and not (isinstance(v, int) and v > 0): raise ValueError(f'{name} must be an int > 0, got {v!r}')
+    given = dict(epochs=epochs, steps=steps, steps_per_epoch=steps_per_epoch, eval_every=eval_every)
+    for name, v in given.items():
+        if v is not None and not (isinstance(v, int) and v > 0):
+            raise ValueError(f'{name} must be an int > 0, got {v!r}')
 
 # %% ../nbs/00f_parts.ipynb #45715eec
 class TrainPass:
@@ -164,7 +166,7 @@ class Accumulation:
         self.step_examples = self.batch_examples = self.examples_seen = None
 
     def open(self, size, step_examples, bs):
-        "A window of `size` micro-batches starts with this one, of `bs` examples; its step averages over `step_examples`."
+        "A window of `size` micro-batches starts with this one, of `bs` examples; its step averages `step_examples`."
         self.size, self.left, self.index = size, size - 1, 0
         self.accumulating, self.step_examples, self.batch_examples = size > 1, step_examples, bs
 
@@ -216,8 +218,8 @@ class Strategy(Protocol):
     def rewrap(self, model): "The model wrapped anew after the trainable parameters changed."
     def start_fit(self, learn): "Before `before_fit`."
     def start_train(self, learn): "Before `before_train`."
-    def mask_padding(self, learn, weights): "This batch's weights (None: all 1), with the examples that must not count at 0."
-    def count_examples(self, learn): "Before a training batch's `before_batch`: the window's counts (`learn.window`) made global."
+    def mask_padding(self, learn, weights): "This batch's weights (None: all 1), 0 for examples that must not count."
+    def count_examples(self, learn): "Before a training batch's `before_batch`: `learn.window`'s counts made global."
     def sync_window(self, learn): "Before a step's `before_step`: the gradients a window cut short left unreduced."
     def end_batch(self, learn): "After a training batch's step, before `after_batch`."
     def end_train(self, learn): "When training ends, before `after_train`."
@@ -276,13 +278,13 @@ def in_process_group():
     return dist.is_available() and (dist.is_initialized() or int(os.environ.get('WORLD_SIZE', '1')) > 1)
 
 def make_strategy(strategy='auto', distributed=None, sync_bn=False):
-    "The strategy of `Learner(strategy=...)`: an object given, a name (`STRATEGIES`), or 'auto'/None: DDP in a process group."
+    "The strategy of `Learner(strategy=...)`: an object given, a name in `STRATEGIES`, or 'auto' (DDP in a group)"
     if not isinstance(strategy, (str, type(None))): return strategy
     distributed = in_process_group() if distributed is None else bool(distributed)
     if strategy in (None, 'auto'): strategy = 'ddp' if distributed else None
     elif not distributed:
-        raise ValueError(f'strategy={strategy!r} needs a process group: start the script with torchrun, or the function '
-                         'with nbtrainer.launch (nbs/15_distributed.ipynb)')
+        raise ValueError(f'strategy={strategy!r} needs a process group: start the script with torchrun, or the '
+                         'function with nbtrainer.launch (nbs/15_distributed.ipynb)')
     if strategy is None: return SingleProcess()
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}: 'auto', {', '.join(map(repr, sorted(STRATEGIES)))}, or a "
@@ -291,7 +293,7 @@ def make_strategy(strategy='auto', distributed=None, sync_bn=False):
 
 # %% ../nbs/00f_parts.ipynb #c5b90d9b
 class Validation:
-    "The validation under way and the fit's evaluations: the loss, the values, the row made, the fit's loader and prefix."
+    "The validation under way and the fit's evaluations: the loss, the values, the row made, the fit's loader, prefix."
     def __init__(self):
         self.loss = Mean(track_nonfinite=True)  # the validation loss, accumulated on the device
         self.values, self.row, self.evaluating = {}, None, False  # the last values; in after_eval, the row they made
@@ -304,7 +306,7 @@ class Validation:
         for m in (self.loss, *metrics): m.reset()
 
     def add(self, loss, bs, pred, yb, weights):
-        "A batch's loss (its mean over `bs` examples); its predictions and targets if they are collected (padding left out)."
+        "A batch's loss (its mean over `bs` examples); its predictions and targets if collected (padding left out)."
         self.loss.update(loss, bs)  # it detaches
         if self.collect is None: return
         keep = slice(None) if weights is None else weights != 0  # padding is not a prediction
@@ -316,9 +318,9 @@ class Validation:
         values = {'valid_loss': self.loss.compute(), **{metric_name(m): computed(m) for m in metrics}}
         self.values = {self.prefix + k: v for k, v in values.items()}
         if not math.isfinite(values['valid_loss']) and (bad := self.loss.first_nonfinite()) is not None:
-            warnings.warn(f'valid_loss is {values["valid_loss"]}: batch {bad} of the validation loader is the first whose '
-                          'loss is not finite. Its inputs or targets may hold NaN or inf (torch.isfinite finds them), or '
-                          'the model overflows on it', stacklevel=4)
+            warnings.warn(f'valid_loss is {values["valid_loss"]}: batch {bad} of the validation loader is the first '
+                          'whose loss is not finite. Its inputs or targets may hold NaN or inf (torch.isfinite finds '
+                          'them), or the model overflows on it', stacklevel=3)
 
 class FitState:
     "Whether a fit runs (one at a time: a lock, and the thread that holds it) and how the last one ended."
@@ -360,7 +362,7 @@ def spread_lrs(lr, n):
     return base, [v / base for v in lrs[:-1]] + [1.0]
 
 def set_lrs(param_groups, lr):
-    "Set an optimizer's `param_groups` lrs from `lr` (what `spread_lrs` takes; a number keeps the groups' ratios); the base lr."
+    "Set `param_groups`' lrs from `lr` (what `spread_lrs` takes; a number keeps the groups' ratios); the base lr."
     if isinstance(lr, (slice, list, tuple)) or hasattr(lr, 'lrs'): base, scales = spread_lrs(lr, len(param_groups))
     else:
         base = hyperparameter('lr', lr)  # the one check every learning rate goes through
@@ -460,7 +462,8 @@ def param_groups_for(model, splitter=None, opt_func=None):
 
 def build_optimizer(opt_func, groups, lr, device, previous=None):
     """The optimizer over `groups` (lists of parameters), a param group each at its share (`lr_scale`) of the base lr
-    that `lr` spreads to, keeping the ratios of `previous` (the optimizer it replaces); and the lr to set (None: `lr`)."""
+    that `lr` spreads to, keeping the ratios of `previous` (the optimizer it replaces); and the lr to set (None:
+    `lr`)."""
     if not any(p.requires_grad for g in groups for p in g):
         raise ValueError('the model has no trainable parameters (none, or all have requires_grad=False): '
                          'there is nothing to train')
@@ -512,7 +515,7 @@ def restore_snapshot(learn, saved):
     set_rng_state(saved['rng'], learn.train_dl)
 
 def probe_steps(learn, steps, cbs=()):
-    "Train `steps` steps with `cbs`, no validation and no callback with side effects, then put the Learner back exactly."
+    "Train `steps` steps with `cbs`, no validation nor callbacks with side effects, then put the Learner back exactly."
     saved, modes = snapshot_of(learn), [m.training for m in learn.model.modules()]
     try:
         learn.remove_cbs([cb for cb in learn.cbs if getattr(cb, 'side_effects', False)])

@@ -43,7 +43,7 @@ class MixedPrecision:
             self.unscaled = True
 
     def update_weights(self, opt):
-        "`opt` updates the weights; with fp16 an update the scaler skips (inf or NaN gradients) is counted in `skipped`, on the device."
+        "`opt` updates the weights; with fp16, an update the scaler skips (gradients not finite) counts in `skipped`."
         if self.scaler is None: return opt.step()
         before = self.scaler._scale.clone()  # the scale, on the device: get_scale() would read it back, a sync
         self.scaler.step(opt)

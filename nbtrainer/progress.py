@@ -100,7 +100,7 @@ class ProgressCallback(Callback):
     def before_fit(self):
         learn = self.learn
         self._header_done = False
-        learn.recorder.keep_fresh(self.refresh)  # the loop reads the losses at most `refresh` s before the bar shows them
+        learn.recorder.keep_fresh(self.refresh)  # the losses the bar shows are at most `refresh` s old
         n_batches = loader_length(learn.train_dl)
         steps_per_epoch = learn.steps_per_epoch or (math.ceil(n_batches / learn.accumulate) if n_batches else None)
         epochs = learn.n_epochs or (math.ceil(learn.n_steps / steps_per_epoch) if learn.n_steps and steps_per_epoch else None)

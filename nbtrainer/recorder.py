@@ -222,7 +222,7 @@ class Recorder(Callback):
         self.fresh_within = None  # the displays of this fit ask again, in their before_fit
 
     def keep_fresh(self, seconds):
-        "Also read the queue at the first batch `seconds` after the last reading: a display showing `smooth_loss` asks it."
+        "Also read the queue at the first batch `seconds` after the last reading: what displays of `smooth_loss` ask"
         self.fresh_within = seconds if self.fresh_within is None else min(self.fresh_within, seconds)
 
     @contextlib.contextmanager

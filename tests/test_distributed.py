@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from conftest import ROOT
 from nbtrainer import Callback, ConfusionMatrix, Learner, NonFiniteLossError, launch, rank, request_stop, world_size
 from nbtrainer.callback import dispatch_tables
+from nbtrainer.data import plain_model
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or sys.platform != 'linux', reason='needs torch.distributed and fork')
 
@@ -640,7 +641,7 @@ def preds_on_ranks(strategy):
     learn.fit(1)
     preds, targets = learn.get_preds()
     weights = {k: (v.full_tensor() if hasattr(v, 'full_tensor') else v).clone()
-               for k, v in learn._plain_model().state_dict().items()}
+               for k, v in plain_model(learn.model).state_dict().items()}
     return preds, targets, weights
 
 

@@ -147,9 +147,11 @@ def class_names(module, cls):
     for item in node.body:
         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)): defined.add(item.name)
         elif isinstance(item, ast.Assign):
-            for t in item.targets: defined |= {e.id for e in (t.elts if isinstance(t, ast.Tuple) else [t]) if isinstance(e, ast.Name)}
+            for t in item.targets:
+                defined |= {e.id for e in (t.elts if isinstance(t, ast.Tuple) else [t]) if isinstance(e, ast.Name)}
     for n in ast.walk(node):
-        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, (ast.AugAssign, ast.AnnAssign)) else []
+        one = isinstance(n, (ast.AugAssign, ast.AnnAssign))
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if one else []
         for t in targets:
             for leaf in (t.elts if isinstance(t, ast.Tuple) else [t]):
                 if isinstance(leaf, ast.Attribute) and isinstance(leaf.value, ast.Name) and leaf.value.id == 'self':
@@ -163,7 +165,8 @@ def patched(module):
     for n in ast.walk(tree(module)):
         if isinstance(n, ast.FunctionDef):
             for d in n.decorator_list:
-                if isinstance(d, ast.Call) and getattr(d.func, 'id', None) == 'patch_to' and isinstance(d.args[0], ast.Name):
+                if isinstance(d, ast.Call) and getattr(d.func, 'id', None) == 'patch_to' and \
+                        isinstance(d.args[0], ast.Name):
                     found.append((d.args[0].id, n.name))
     return found
 
@@ -217,7 +220,8 @@ def test_one_scope_mechanism():
     from nbtrainer.core import _SCOPES
     assert [s[0] for s in _SCOPES] == list(SCOPES)
     for module in ('core', 'batches'):
-        caught = [ast.unparse(h.type) for h in ast.walk(tree(module)) if isinstance(h, ast.ExceptHandler) and h.type is not None]
+        caught = [ast.unparse(h.type) for h in ast.walk(tree(module))
+                  if isinstance(h, ast.ExceptHandler) and h.type is not None]
         assert not [c for c in caught if 'Cancel' in c], (module, caught)
 
 
