@@ -8,13 +8,14 @@ Docs: https://nbtrainer.github.io/nbtrainer/diagnose.html.md"""
 __all__ = ['REMEDIES', 'DataWaitWarning', 'DataWait', 'DevicePrefetcher']
 
 # %% ../nbs/10_diagnose.ipynb #4fd4b345
-import inspect, math, time, warnings
+import inspect, math, warnings
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
+from . import clock
 from .callback import Callback, Order
 from .checks import writable_folder
 from .core import Learner, patch_to
@@ -34,7 +35,7 @@ REMEDIES = """Likely remedies, cheapest first:
 
 class _HostClock:
     "Host wall time: the truth when the model runs on the CPU."
-    def mark(self): return time.perf_counter()
+    def mark(self): return clock.now()
     def seconds(self, start, end): return end - start
     def wait_for(self, mark): pass
 
@@ -62,7 +63,7 @@ class DataWait(Callback):
     def before_fit(self):
         self.clock = _CudaClock() if self.learn.device.type == 'cuda' else _HostClock()
         self.steps.clear()
-        self.warned, self._shown = False, time.perf_counter()
+        self.warned, self._shown = False, clock.now()
 
     def before_train(self): self._prev_end = self._start = None  # the first batch includes the loader's start-up: not counted
     def after_validate(self): self._prev_end = None  # the next batch's wait would include the validation
@@ -73,7 +74,7 @@ class DataWait(Callback):
         end = self.clock.mark()
         if self._prev_end is not None and self._start is not None: self.steps.append((self._prev_end, self._start, end))
         self._prev_end, self._start = end, None  # no start: an earlier callback cancelled in before_batch
-        now = time.perf_counter()
+        now = clock.now()
         if now - self._shown >= self.refresh:
             self._shown = now
             self._show()

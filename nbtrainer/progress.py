@@ -9,8 +9,9 @@ __all__ = ['in_jupyter', 'format_row', 'format_header', 'describe_ending', 'brie
            'ProgressCallback']
 
 # %% ../nbs/02_progress.ipynb #417a3ea5
-import math, sys, time
+import math, sys
 
+from . import clock
 from .callback import Callback, Order
 from .data import loader_length
 
@@ -116,11 +117,11 @@ class ProgressCallback(Callback):
             left = (end - learn.step) * learn.accumulate
             total = left if total is None else min(total, left)
         self.batch_bar = self._bar(total=total, desc='train', unit='batch', leave=False, position=1)
-        self._pending, self._last = 0, time.perf_counter()
+        self._pending, self._last = 0, clock.now()
 
     def after_batch(self):  # training and validation batches: the count goes to the phase's bar
         self._pending += 1
-        now = time.perf_counter()
+        now = clock.now()
         if now - self._last >= self.refresh:
             self._last = now
             self._refresh()

@@ -8,14 +8,14 @@ Docs: https://nbtrainer.github.io/nbtrainer/recorder.html.md"""
 __all__ = ['Column', 'RunColumn', 'smoothing_beta', 'smooth', 'Recorder', 'monitored_value', 'check_monitor', 'SkipNonFinite']
 
 # %% ../nbs/00d_recorder.ipynb #64391e35
-import array, bisect, contextlib, functools, json, math, operator, time
+import array, bisect, contextlib, functools, json, math, operator
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from . import clock
 from .callback import Callback, CancelBatchException, NonFiniteLossError, Order
-from .clock import now
 from .metrics import computed, metric_name, state_leaves
 
 # %% ../nbs/00d_recorder.ipynb #bab41fcf
@@ -218,8 +218,10 @@ class Recorder(Callback):
         return Column(restored, integer=integer, appended=appended, check=self._check_restored)
 
     def before_fit(self):  # a resumed fit's rows go on counting its time from where the checkpoint was
-        self._start, self._held = time.perf_counter() - self._resumed.pop('time', 0.0), 0.0
+        self._start, self._held = clock.now() - self._resumed.pop('time', 0.0), 0.0
         self.fresh_within = None  # the displays of this fit ask again, in their before_fit
+        if self.smoothing is None:  # the curve's length at the end of this fit
+            self.beta = smoothing_beta(self.learn.fit_start[1] + (self.learn.n_steps or 0))
 
     def keep_fresh(self, seconds):
         "Also read the queue at the first batch `seconds` after the last reading: what displays of `smooth_loss` ask"
@@ -228,25 +230,23 @@ class Recorder(Callback):
     @contextlib.contextmanager
     def held(self):
         "Time spent in this block (a paused fit) is not training time: the rows' `time` leaves it out."
-        start = time.perf_counter()
+        start = clock.now()
         try: yield
-        finally: self._held += time.perf_counter() - start
-        if self.smoothing is None:  # the curve's length at the end of this fit
-            self.beta = smoothing_beta(self.learn.fit_start[1] + (self.learn.n_steps or 0))
+        finally: self._held += clock.now() - start
 
     def after_loss(self):
         learn = self.learn
         progress = learn.progress
         self._queue.append((learn.loss.detach(), learn.bs, progress.epoch, learn.iter, progress.step, learn.opt.param_groups[-1]['lr']))
         fresh = self.fresh_within
-        if len(self._queue) >= self.flush_every or (fresh is not None and now() - self._read_at >= fresh): self.flush()
+        if len(self._queue) >= self.flush_every or (fresh is not None and clock.now() - self._read_at >= fresh): self.flush()
         if self.train_metrics: learn.update_metrics(self.train_metrics)  # on the device, as in validation: no sync
 
     def after_train(self): self.flush()
 
     def flush(self):
         "Read the queued losses to the host (one sync) and check them."
-        self._read_at = now()
+        self._read_at = clock.now()
         if not self._queue: return
         queue, self._queue = self._queue, []
         losses, sizes, epochs, batches, steps, lrs = zip(*queue)  # columns
@@ -300,7 +300,7 @@ class Recorder(Callback):
         self.history.append(row)
         return row
 
-    def _elapsed(self): return time.perf_counter() - self._start - self._held
+    def _elapsed(self): return clock.now() - self._start - self._held
 
     def state_dict(self):
         self.flush()

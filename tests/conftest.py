@@ -1,4 +1,11 @@
-import pathlib, shutil, sys
+import os, pathlib, shutil, sys
+
+import pytest
+
+# One thread per process: the tests train tiny models, often in several processes at once (xdist workers, ranks,
+# kernels), and torch's default of a thread per core makes them spin against each other: 3x the CPU time on 2 cores.
+# Set before torch is imported; the processes the tests start inherit it.
+os.environ.setdefault('OMP_NUM_THREADS', '1')
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent  # console scripts of the environment running pytest
@@ -7,3 +14,21 @@ BIN = pathlib.Path(sys.executable).parent  # console scripts of the environment 
 CHROMIUM = next(filter(None, map(shutil.which, ('chromium', 'google-chrome'))), '/usr/bin/chromium')  # Debian; GitHub runners
 CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
                  '--disable-background-networking', '--disable-component-update', '--disable-sync']
+
+# jsonschema (which nbformat imports) builds an Earley parser for IRIs at import when the optional rfc3987-syntax is
+# installed: 1 to 4 s in every pytest process, for a string format nbformat never checks. Without it, no IRI checker.
+sys.modules.setdefault('rfc3987_syntax', None)
+
+
+@pytest.fixture(autouse=True)
+def one_process_group_at_a_time(request, tmp_path_factory):
+    """Under pytest-xdist the tests that start process groups take turns (a lock the workers of one run share): two
+    `launch()`es at once can pick the same free port, and four ranks on 2 cores only wait for each other."""
+    if 'PYTEST_XDIST_WORKER' not in os.environ or request.node.get_closest_marker('distributed') is None:
+        yield
+        return
+    import fcntl
+    run_folder = tmp_path_factory.getbasetemp().parent  # each worker's base folder is in the run's
+    with open(run_folder / 'process-groups.lock', 'w') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield

@@ -45,6 +45,7 @@ def main(folder, resume=False, kill=None, term=None, hold_at=None):
     stopper = EarlyStopping(patience=10, restore_best=True)  # its best weights: in its state, none in a file
     cbs = [Checkpointer(folder / 'ckpt', every_steps=2, keep_last=2, keep_best=0), CSVLogger(folder / 'log.csv'),
            Tracker(folder / 'runs.db'), stopper]
+    cbs[2].beat_every = 3600.0  # no heartbeat while a test holds the run: its files stay byte for byte as they are
     for spec, signum in ((kill, signal.SIGKILL), (term, signal.SIGTERM)):
         if spec:
             event, step = spec.split(':')

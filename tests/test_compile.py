@@ -1,9 +1,12 @@
 """`Learner(compile=True)`: a compiled fit matches an eager one, and its checkpoint loads into a bare model."""
+import pytest
 import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from nbtrainer import Learner
+
+pytestmark = pytest.mark.slow  # torch.compile's first compilation: about a minute on 2 cores
 
 
 def make_model():

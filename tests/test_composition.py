@@ -66,7 +66,9 @@ def run(cfg, out, *flags):
                           capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize('cfg', ROWS, ids=['-'.join(f'{k}={v}' for k, v in r.items()) for r in ROWS])
+@pytest.mark.slow  # a trained subprocess or two per row
+@pytest.mark.parametrize('cfg', [pytest.param(r, marks=[pytest.mark.distributed] if r['world'] > 1 else []) for r in ROWS],
+                         ids=['-'.join(f'{k}={v}' for k, v in r.items()) for r in ROWS])
 def test_combination_equals_the_reference(cfg, tmp_path):
     steps_per_epoch = math.ceil(5 / cfg['accumulate'])
     if cfg['kill']:

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from conftest import ROOT
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')]
 
 
 def loader(n=512, bs=32, pin=True):

@@ -1,7 +1,11 @@
 """The main job as a user runs it: the `nbtrainer-demo` command in a subprocess."""
 import csv, subprocess
 
+import pytest
+
 from conftest import BIN
+
+pytestmark = pytest.mark.slow  # the command in a subprocess: a fresh interpreter, torch and scikit-learn
 
 
 def test_demo_trains_and_writes_plot_and_csv(tmp_path):

@@ -10,6 +10,8 @@ from conftest import CHROMIUM, CHROMIUM_ARGS, ROOT
 sys.path.insert(0, str(ROOT / 'tools'))
 from render_docs import for_readers, pages  # noqa: E402
 
+pytestmark = pytest.mark.ui  # the rendered pages in Chromium
+
 RAW_WIDGET = ('application/vnd.jupyter.widget-view+json', '"model_id"', 'Loading widget', 'VBox(children', 'HBox(children')
 
 

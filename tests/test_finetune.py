@@ -51,6 +51,7 @@ def hand_loop():
     return model.state_dict(), avg
 
 
+@pytest.mark.slow  # a trained subprocess
 def test_freeze_unfreeze_and_ema_equal_a_hand_loop(tmp_path):
     subprocess.run(WORKER + [str(tmp_path), '--no-plateau'], check=True, timeout=300)
     ours, (weights, avg) = final(tmp_path), hand_loop()
@@ -59,6 +60,7 @@ def test_freeze_unfreeze_and_ema_equal_a_hand_loop(tmp_path):
     for a, b in zip(ours['ema'], avg): torch.testing.assert_close(a, b, rtol=1.2e-7, atol=1e-7)
 
 
+@pytest.mark.slow  # three trained subprocesses, one killed
 def test_killed_after_the_unfreeze_and_resumed_equals_uninterrupted(tmp_path):
     "The script freezes at its start; the checkpoint's state (unfrozen), the EMA and the plateau's count win."
     subprocess.run(WORKER + [str(tmp_path / 'straight')], check=True, timeout=300)
@@ -120,6 +122,7 @@ def train_ddp():
     return weights, [a.clone() for a in ema.averaged], learn.recorder.history[-1]
 
 
+@pytest.mark.distributed
 def test_freezing_on_two_ranks_equals_a_one_process_hand_loop():
     "DDP is wrapped anew when the trainable set changes: without it the reducer waits for gradients that never come."
     from test_distributed import global_batches

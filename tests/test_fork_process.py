@@ -5,7 +5,10 @@ weights equal the original's bit for bit; a third forks there with a tenth of th
 branch with its parent run and step."""
 import subprocess, sys, textwrap
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.slow  # three processes that train
 
 SCRIPT = textwrap.dedent('''
     import sys, torch

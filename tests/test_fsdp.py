@@ -18,8 +18,8 @@ from nbtrainer import FSDP, Callback, Checkpointer, Learner, launch, memory_per_
 from nbtrainer.data import plain_model
 from test_distributed import B, dataset, global_batches, hand_written, loader, make_model
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or sys.platform != 'linux',
-                                reason='needs torch.distributed and fork')
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600),
+              pytest.mark.skipif(not dist.is_available() or sys.platform != 'linux', reason='needs torch.distributed and fork')]
 
 
 def full_weights(learn):

@@ -17,7 +17,7 @@ from conftest import BIN, ROOT
 from nbtrainer import Callback, Checkpointer, Learner, Order, Tracker, runs
 from nbtrainer.testing import classification_data, raises, same_weights, synth_learner, tiny_classifier
 
-pytestmark = pytest.mark.filterwarnings('ignore:checkpoint .* has state for callbacks this Learner lacks')
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings('ignore:checkpoint .* has state for callbacks this Learner lacks')]
 
 
 def make(cbs=()):

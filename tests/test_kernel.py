@@ -7,6 +7,8 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 from nbclient import NotebookClient
 
+pytestmark = [pytest.mark.kernel, pytest.mark.timeout(900)]
+
 SETUP = '''
 import time, torch, torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset

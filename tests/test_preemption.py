@@ -8,6 +8,8 @@ import torch
 
 from conftest import ROOT
 
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]  # torchrun, two ranks
+
 WORKER = str(ROOT / 'tests' / 'preempt_worker.py')
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1'}
 TORCHRUN = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node=2']

@@ -1,8 +1,11 @@
 """index.ipynb, the quick start, run headless in a real Jupyter kernel (nbclient)."""
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 from conftest import ROOT
+
+pytestmark = pytest.mark.kernel
 
 
 def test_index_notebook_runs_and_shows_the_dashboard_summary_and_plot(tmp_path):

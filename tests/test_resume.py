@@ -1,9 +1,12 @@
 """An uninterrupted run against one killed with SIGKILL mid-epoch and resumed: bit-identical weights and history."""
 import signal, subprocess, sys, time
 
+import pytest
 import torch
 
 from conftest import ROOT
+
+pytestmark = pytest.mark.slow  # worker processes that train, one killed
 
 WORKER = [sys.executable, str(ROOT / 'tests' / 'resume_worker.py')]
 

@@ -86,6 +86,26 @@ def test_bottom_and_middle_import_no_ui_even_lazily():
         assert not [u for u in UI if f'import {u}' in source or f'from {u}' in source], m
 
 
+# Time has one source: a module that measures a duration or stamps a moment asks nbtrainer.clock (`now()`, `wall()`),
+# so a test can drive a FakeClock instead of depending on how busy the machine is. Waiting (`time.sleep`, an Event's
+# timeout) and formatting a timestamp are not readings.
+CLOCK_READS = {'perf_counter', 'perf_counter_ns', 'time', 'time_ns', 'monotonic', 'monotonic_ns', 'process_time'}
+READ_THE_CLOCK_THEMSELVES = {'dashboard', 'liveplot'}  # issue #32 rewrites them onto nbtrainer.clock: then empty this
+
+
+def clock_reads(name):
+    "`time.X()` calls in module `name` that read the machine's clock."
+    tree = ast.parse((PACKAGE / f'{name}.py').read_text())
+    return [f'time.{n.attr} (line {n.lineno})' for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name) and n.value.id == 'time' and n.attr in CLOCK_READS]
+
+
+def test_time_is_read_from_nbtrainer_clock():
+    reads = {m: clock_reads(m) for m in modules() if m != 'clock'}
+    assert not {m: r for m, r in reads.items() if r and m not in READ_THE_CLOCK_THEMSELVES}, reads
+    assert all(reads[m] for m in READ_THE_CLOCK_THEMSELVES), 'a module now reads nbtrainer.clock: take it off the list'
+
+
 # State has owners: the loop's state lives in parts (nbs/00f_parts.ipynb) that the core owns. Other modules change it
 # through a part (`learn.progress.step`, `learn.window.step_examples`, ...) or through these public setters, which the
 # docs name as what callbacks may change: the batch under way (nbs/00_core.ipynb, "What callbacks can read"), the lr and

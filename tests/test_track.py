@@ -39,6 +39,7 @@ class EndAt(Callback):
         if self.learn.training and self.learn.step == self.step: raise self.error
 
 
+@pytest.mark.slow  # a worker process killed mid-fit
 def test_killed_failed_stopped_and_finished_runs_are_told_apart(tmp_path):
     db = tmp_path / 'runs.db'
     synth_learner(cbs=[Tracker(db, notes='finished')]).fit(2)
@@ -60,6 +61,7 @@ def test_killed_failed_stopped_and_finished_runs_are_told_apart(tmp_path):
     assert all(r.ended is not None for r in found[1:])
 
 
+@pytest.mark.slow  # four worker processes
 def test_four_concurrent_writers_lose_nothing(tmp_path):
     db, gate = tmp_path / 'shared' / 'runs.db', tmp_path / 'go'
     # a new database (four processes race to create it); heartbeats every 5 ms on top of a row per step; tags edited
@@ -79,6 +81,7 @@ def test_four_concurrent_writers_lose_nothing(tmp_path):
         assert histories[0] == histories[1] == histories[2]  # the same seeded fit three times, every row there
 
 
+@pytest.mark.slow  # three worker processes, one killed
 def test_resume_after_sigkill_continues_the_same_run(tmp_path):
     pytest.importorskip('mlflow')
     from mlflow.tracking import MlflowClient
@@ -125,6 +128,7 @@ def ddp_fit(db, uri):
     return learn.recorder.history, [type(cb).__name__ for cb in learn.cbs] + [type(learn.strategy).__name__]
 
 
+@pytest.mark.distributed
 @pytest.mark.skipif(not dist.is_available() or sys.platform != 'linux', reason='needs torch.distributed and fork')
 def test_ddp_writes_one_run(tmp_path):
     has_mlflow = importlib.util.find_spec('mlflow') is not None
@@ -167,6 +171,7 @@ def free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.kernel
 def test_the_notebook_path_from_a_real_jupyter_server(tmp_path):
     "A kernel started by jupyter_server for a notebook session (as JupyterLab starts one) knows its notebook."
     from jupyter_client import BlockingKernelClient

@@ -6,18 +6,23 @@ import copy, math
 import pytest
 import torch
 import torch.nn.functional as F
-from sklearn.metrics import accuracy_score
 from torch.utils.data import DataLoader, Dataset
 
-import transformers  # a dev dependency: pip install -e ".[dev]"
-from nbtrainer import Checkpointer, Learner  # noqa: E402
-from nbtrainer.callback import CancelFitException  # noqa: E402
+from nbtrainer import Checkpointer, Learner
+from nbtrainer.callback import CancelFitException
 
 VOCAB, WIDTH = 50, 12
-transformers.logging.set_verbosity_error()
+
+
+def hf():
+    "Hugging Face transformers (a dev dependency: pip install -e \".[dev]\"), imported by the first test that builds a model, not at collection."
+    import transformers
+    transformers.logging.set_verbosity_error()
+    return transformers
 
 
 def causal_lm(seed=0):
+    transformers = hf()
     torch.manual_seed(seed)
     config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=WIDTH, n_embd=16, n_layer=2, n_head=2,
                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
@@ -25,6 +30,7 @@ def causal_lm(seed=0):
 
 
 def token_classifier(seed=0, labels=5):
+    transformers = hf()
     torch.manual_seed(seed)
     config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                      intermediate_size=32, max_position_embeddings=WIDTH, num_labels=labels,
@@ -112,6 +118,7 @@ def test_causal_lm_trains_and_reports_perplexity_and_token_accuracy():
 
 
 def test_token_classifier_accuracy_matches_sklearn():
+    from sklearn.metrics import accuracy_score
     train, valid = Sequences(64, seed=4, tags=5), Sequences(21, seed=5, tags=5)
     learn = Learner(token_classifier(), batches_of(train, 8), batches_of(valid, 4), lr=3e-3, progress=False,
                     metrics=['accuracy', 'f1'])

@@ -23,6 +23,8 @@ import pytest
 
 from conftest import BIN, ROOT
 
+pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]  # JupyterLab in Chromium: minutes on a busy machine
+
 CHROMIUM = shutil.which('chromium') or '/usr/bin/chromium'
 ARTIFACTS = ROOT / 'test-artifacts' / 'ui'
 ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',

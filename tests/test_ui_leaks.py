@@ -15,11 +15,13 @@ Fixtures and helpers come from tests/test_ui.py."""
 import time
 
 import nbformat
+import pytest
 
 from test_ui import ARGS, ARTIFACTS, CHROMIUM, cell, open_notebook, output, run_cell, slow_mlp, wait_for_status
 from test_ui import lab as lab_fixture  # noqa: F401  (pytest finds it by name below)
 
 lab = lab_fixture
+pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]  # JupyterLab in Chromium: minutes on a busy machine
 
 SETUP = slow_mlp(0.01) + '''from nbtrainer import Controls, Learner
 dl = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)

@@ -17,6 +17,8 @@ from test_ui import (ARGS, ARTIFACTS, CHROMIUM, cell, open_notebook, output, run
                      wait_for_status)
 from test_ui import lab  # noqa: F401  (the JupyterLab fixture)
 
+pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]  # JupyterLab in Chromium: minutes on a busy machine
+
 CELLS = [
     slow_mlp(0.02) + '''from nbtrainer import Controls, Learner
 from nbtrainer.liveplot import LivePlot

@@ -10,6 +10,7 @@ import pytest
 from test_ui import ARGS, ARTIFACTS, CHROMIUM, cell, lab_server, open_notebook, output, run_cell, slow_mlp
 
 pytest.importorskip('optuna')
+pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]  # JupyterLab in Chromium: minutes on a busy machine
 
 CELLS = [
     slow_mlp(0.02) + '''import tempfile

@@ -1,16 +1,35 @@
 #!/usr/bin/env bash
-# Every test, in the order that fails fastest: the nbdev sync check, the notebooks, then tests/.
-# Run inside the project's environment (see README.md).
-set -euo pipefail
+# Every test: the nbdev sync check, the notebooks, then tests/ with pytest. A stage that fails does not stop the next:
+# the summary at the end lists every failure of every stage, and the exit code is 1 if there was any.
+#
+#   bash tools/test.sh           everything (what CI runs)
+#   bash tools/test.sh --quick   the sync check, the core notebooks (nbs/00*) and the tests without a marker
+#
+# Run inside the project's environment (see README.md). Markers (pyproject.toml): ui, kernel, distributed, slow, cuda.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 
-# The UI test drives JupyterLab in Debian's Chromium (never `playwright install`: it downloads, and fails offline).
-if ! command -v chromium >/dev/null && ! command -v google-chrome >/dev/null; then
+quick=false
+case "${1:-}" in
+  --quick) quick=true ;;
+  '') ;;
+  *) echo "usage: bash tools/test.sh [--quick]"; exit 2 ;;
+esac
+jobs=$(nproc 2>/dev/null || echo 2)
+# Tiny models, several processes at once: one torch thread each (a thread per core each makes them spin against each other)
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+logs=$(mktemp -d)
+failures=()
+started=$SECONDS
+stage() { echo; echo "== $1 ($((SECONDS - started)) s in)"; }
+
+# The UI tests drive JupyterLab in Debian's Chromium (never `playwright install`: it downloads, and fails offline).
+if ! $quick && ! command -v chromium >/dev/null && ! command -v google-chrome >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "== installing chromium for the UI test"
-    apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null
+    echo "== installing chromium for the UI tests"
+    apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null || failures+=("apt-get install chromium failed")
   else
-    echo "chromium is missing: run 'sudo apt-get install -y chromium chromium-driver' (the UI test needs it)"; exit 1
+    failures+=("chromium is missing: run 'sudo apt-get install -y chromium chromium-driver' (the UI tests need it)")
   fi
 fi
 
@@ -19,28 +38,53 @@ snapshot() {
   git status --porcelain --untracked-files=all
   git ls-files -z --modified --others --exclude-standard | xargs -0 -r sha1sum
 }
-echo "== nbdev sync check"
-before=$(snapshot) || { echo "the sync check needs a git checkout"; exit 1; }
-nbdev-export
-nbdev-clean
-nbdev-clean --fname index.ipynb
-after=$(snapshot)
-if [ "$before" != "$after" ]; then
-  echo "FAIL: nbdev-export / nbdev-clean changed files. Run them and commit the result:"
-  diff <(echo "$before") <(echo "$after") || true
-  exit 1
+stage "nbdev sync check"
+if before=$(snapshot); then
+  nbdev-export && nbdev-clean && nbdev-clean --fname index.ipynb || failures+=("sync check: nbdev-export or nbdev-clean failed")
+  after=$(snapshot)
+  if [ "$before" != "$after" ]; then
+    echo "nbdev-export / nbdev-clean changed files. Run them and commit the result:"
+    diff <(echo "$before") <(echo "$after")
+    failures+=("sync check: nbdev-export / nbdev-clean changed files")
+  else
+    echo "in sync"
+  fi
+else
+  failures+=("sync check: it needs a git checkout")
 fi
-echo "in sync"
 
-echo "== notebooks (nbdev-test, each in a fresh process)"
+# Bytecode for the package, once: every notebook, kernel, worker and subprocess below imports it, and where
+# PYTHONDONTWRITEBYTECODE is set (CI, some containers) each would compile its 14,000 lines again (0.2-0.3 s each).
+python -m compileall -q nbtrainer >/dev/null || failures+=("python -m compileall nbtrainer failed")
+
 # One process per notebook: notebooks re-run the cells that attach methods to shared classes (Learner.fit_async, ...),
 # and nbdev-test's worker pool would carry one notebook's definitions into the next.
-find nbs -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*' | sort | xargs -P 2 -I{} sh -c 'nbdev-test "{}" >"$0/$(basename {}).log" 2>&1 && echo "ok   {}" || { echo "FAIL {}"; cat "$0/$(basename {}).log"; exit 1; }' "$(mktemp -d)"
+if $quick; then notebooks=$(ls nbs/00*.ipynb); else notebooks=$(find nbs -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*' | sort); fi
+stage "notebooks (nbdev-test, $jobs at a time, each in a fresh process)"
+echo "$notebooks" | xargs -P "$jobs" -I{} sh -c '
+  log="$0/$(echo "{}" | tr / _).log"; start=$(date +%s)
+  if nbdev-test "{}" >"$log" 2>&1; then echo "ok   {} ($(( $(date +%s) - start )) s)"
+  else echo "FAIL {} ($(( $(date +%s) - start )) s)"; cat "$log"; echo "{}" >>"$0/failed-notebooks"; fi' "$logs"
+if [ -f "$logs/failed-notebooks" ]; then
+  while read -r nb; do failures+=("notebook $nb (run: nbdev-test $nb)"); done <"$logs/failed-notebooks"
+fi
 
-echo "== tests/ (pytest)"
-set +e
-python -m pytest -q tests
-rc=$?
-set -e
-if [ "$rc" -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi
-exit "$rc"
+stage "tests/ (pytest)"
+if $quick; then selection=(-m 'not (ui or kernel or distributed or slow or cuda)'); else selection=(); fi
+# --dist loadfile: a file's tests on one worker, so its module fixtures (the rendered docs, a trained FSDP run) run once
+python -m pytest tests "${selection[@]}" -n "$jobs" --dist loadfile -q -rfE --durations=15 2>&1 | tee "$logs/pytest.log"
+rc=${PIPESTATUS[0]}
+case "$rc" in
+  0) ;;
+  5) echo "pytest collected no tests" ;;
+  *) mapfile -t failed < <(grep -E '^(FAILED|ERROR) ' "$logs/pytest.log")
+     [ "${#failed[@]}" -gt 0 ] || failed=("pytest exited with code $rc")
+     failures+=("${failed[@]/#/pytest: }") ;;
+esac
+
+echo
+echo "== summary ($((SECONDS - started)) s)"
+if [ "${#failures[@]}" -eq 0 ]; then echo "every stage passed"; exit 0; fi
+echo "${#failures[@]} failure(s):"
+printf '  %s\n' "${failures[@]}"
+exit 1
