@@ -43,6 +43,7 @@ from .fsdp import FSDP, memory_per_rank
 from .control import Controls
 from .dashboard import Dashboard
 from .track import MLflowLogger, Run, Runs, Tracker, runs
+from .study import Choice, Fixed, Float, Int, Param, Study, StudyStopped, TrialPruned
 
 __all__ = ['Accumulation', 'Accuracy', 'CSVLogger', 'Callback', 'CancelBackwardException', 'CancelBatchException',
            'CancelEpochException', 'CancelFitException', 'CancelStepException', 'CancelTrainException',
@@ -59,4 +60,5 @@ __all__ = ['Accumulation', 'Accuracy', 'CSVLogger', 'Callback', 'CancelBackwardE
            'read_checkpoint', 'rebatch', 'request_stop', 'rng_state', 'run_config', 'runs', 'set_rng_state', 'shard_loader',
            'skip_batches',
            'EMA', 'ReduceLROnPlateau', 'SWA', 'Summary', 'by_depth', 'head_body', 'layer_decay',
-           'subset_loader', 'suggest_lrs', 'to_device', 'world_size']
+           'subset_loader', 'suggest_lrs', 'to_device', 'world_size',
+           'Study', 'Param', 'Float', 'Int', 'Choice', 'Fixed', 'StudyStopped', 'TrialPruned']
