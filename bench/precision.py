@@ -33,7 +33,7 @@ def main():
     for precision in ('fp32', 'bf16', 'fp32', 'bf16'):  # twice each, interleaved: noise shows as spread
         out = subprocess.check_output([sys.executable, __file__, '--child', precision], text=True)
         rows.append(json.loads(out))
-    cpu = next((l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), platform.processor())
+    cpu = next((line.split(':', 1)[1].strip() for line in open('/proc/cpuinfo') if line.startswith('model name')), platform.processor())
     print(f'CPU: {cpu}; torch one thread')
     for r in rows:
         print(f"  {r['precision']}: {r['ms_per_step']:7.1f} ms/step   peak RSS {r['peak_rss_mb']:7.0f} MB   last loss {r['final_loss']:.4f}")

@@ -156,8 +156,8 @@ class Evaluation:
         def show(v):  # a class name, a number, or a list for multi-valued examples
             v = v.tolist()
             return names[int(v)] if names and isinstance(v, (int, float)) else v  # float: 0/1 BCE targets
-        return Report({'index': int(i), 'target': show(self.targets[i]), 'prediction': show(predicted[i]), 'loss': float(l)}
-                      for i, l in zip(indices, values))
+        return Report({'index': int(i), 'target': show(self.targets[i]), 'prediction': show(predicted[i]), 'loss': float(loss)}
+                      for i, loss in zip(indices, values))
 
     def _is_classification(self):
         "Integer targets, or 0/1 float targets (a binary logit with BCE); otherwise a regression."

@@ -45,7 +45,7 @@ def test_contents_page_links_every_notebook(site, browser):
     links = page.eval_on_selector_all('a', 'links => links.map(a => a.getAttribute("href"))')
     assert sorted(links) == sorted(p.as_posix() for p in pages().values())
     tutorials = sorted((ROOT / 'nbs' / 'tutorials').glob('*.ipynb'))
-    assert [l for l in links if l.startswith('tutorials/')] == [f'tutorials/{p.stem}.html' for p in tutorials]
+    assert [link for link in links if link.startswith('tutorials/')] == [f'tutorials/{p.stem}.html' for p in tutorials]
     page.close()
 
 

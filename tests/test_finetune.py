@@ -4,7 +4,6 @@ import signal, subprocess, sys, time
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader

@@ -367,7 +367,7 @@ def test_clipping_takes_the_global_norm_over_the_shards():
 def find_lr(world, strategy):
     learn = Learner(make_model(), DataLoader(dataset(64), batch_size=B * 2 // world, shuffle=False), lr=0.05,
                     metrics=(), progress=False, strategy=strategy if world > 1 else 'auto')
-    gather = full_weights if world > 1 and strategy != 'ddp' else lambda l: dict(plain_model(learn.model).state_dict())
+    gather = full_weights if world > 1 and strategy != 'ddp' else lambda _: dict(plain_model(learn.model).state_dict())
     before = {k: v.clone() for k, v in gather(learn).items()}
     result = learn.lr_find(start_lr=1e-4, end_lr=100, num_it=40, show=False)
     after = gather(learn)

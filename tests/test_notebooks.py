@@ -38,7 +38,7 @@ def test_hidden_tests_close_the_notebook(path):
 
 def shows_a_value(source):
     "Whether a cell ends in an expression whose value Jupyter displays (a name, attribute, subscript, literal...)."
-    lines = [l for l in source.splitlines() if not l.lstrip().startswith(('#', '%', '!'))]
+    lines = [line for line in source.splitlines() if not line.lstrip().startswith(('#', '%', '!'))]
     try: body = ast.parse('\n'.join(lines)).body
     except SyntaxError: return False
     if not body or not isinstance(body[-1], ast.Expr) or source.rstrip().endswith(';'): return False

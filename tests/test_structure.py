@@ -2,7 +2,7 @@
 
 Every module is assigned a layer below; a new module must be added here, which is the point: its place is a decision.
 """
-import ast, pathlib
+import ast
 
 from conftest import ROOT
 

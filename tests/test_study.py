@@ -1,7 +1,7 @@
 """Studies across processes: 8 trials of a seeded study in 2 worker processes on one registry, both killed mid-trial,
 then the study run again; against plain Optuna (parameters, pruning) and an uninterrupted study (every trial's values);
 the plots drawn in a fresh process from the registry alone."""
-import json, math, shutil, signal, subprocess, sys
+import json, shutil, signal, subprocess, sys
 
 import pytest
 import torch

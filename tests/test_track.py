@@ -4,7 +4,6 @@ a real Jupyter server gives its kernel."""
 import importlib.util, json, os, signal, socket, subprocess, sys, time, urllib.request
 
 import pytest
-import torch
 import torch.distributed as dist
 
 from conftest import BIN, ROOT

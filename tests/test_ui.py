@@ -16,7 +16,7 @@ clicks, in JupyterLab's dark theme.
 
 Screenshots go to `test-artifacts/ui/`. Recipe and pitfalls: the UI-testing notes (kernel readiness, selectors scoped to
 outputs). Every wait is on a condition with a deadline: the test passes on a loaded machine."""
-import contextlib, json, os, re, shutil, socket, subprocess, sys, time, urllib.request
+import contextlib, json, os, re, shutil, socket, subprocess, time, urllib.request
 
 import nbformat
 import pytest

@@ -113,7 +113,7 @@ def test_without_a_widget_manager_the_dashboard_is_html(tmp_path):
             run_cell(page, BACKGROUND)
             end = time.time() + 300
             while max(running_steps(page, BACKGROUND), default=0) < 100:
-                assert time.time() < end, f'the background fit showed no HTML dashboard at step 100 or later within 300 s'
+                assert time.time() < end, 'the background fit showed no HTML dashboard at step 100 or later within 300 s'
                 page.wait_for_timeout(100)
             live = cell(page, BACKGROUND).locator(output('Fit running')).first
             assert 'learn.controls.pause()' in live.inner_text()  # says how to steer it without widgets

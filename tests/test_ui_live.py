@@ -13,8 +13,7 @@ import re, time
 import nbformat
 import pytest
 
-from test_ui import (ARGS, ARTIFACTS, CHROMIUM, cell, open_notebook, output, run_cell, slow_mlp, status_text,
-                     wait_for_status)
+from test_ui import (ARGS, ARTIFACTS, CHROMIUM, cell, open_notebook, output, run_cell, slow_mlp, wait_for_status)
 from test_ui import lab  # noqa: F401  (the JupyterLab fixture)
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]  # JupyterLab in Chromium: minutes on a busy machine
