@@ -15,13 +15,14 @@ import torch
 import torch.nn.functional as F
 
 from .checks import check_labels, check_metrics, check_regression_shapes
-from .data import as_float32, batch_size, inputs_and_target, plain_model, to_device
-from .metrics import IGNORE_INDEX, Metric
+from .data import (as_float32, batch_size, inputs_and_target, model_prediction, no_target_message, plain_model,
+                            to_device)
+from .metrics import IGNORE_INDEX, Metric, example_losses
 from .rng import preserve_rng
 
 # %% ../nbs/00i_batches.ipynb #544ffa27
 class BatchReader:
-    "How the Learner reads a batch: inputs, target, weights, examples; what metrics compare; the first batch's checks"
+    "How the Learner reads a batch: inputs, target, weights, examples; its loss; what metrics compare; the first checks"
     target_keys = ('y', 'target', 'targets', 'label', 'labels')
     weight_keys = ('weight', 'mask')  # per-example weights in dict batches: 0 marks padding
     pred_key = 'logits'  # the predictions in a model output that is a mapping or dataclass
@@ -75,6 +76,32 @@ class BatchReader:
         return (y != self._ignore_index()).flatten(1).sum(1).float()  # on the device: no sync
 
     # ---- what the loss and the metrics pair ----
+    def predict(self):
+        "The model's output for `learn.xb` in `learn.model_output`, and the prediction in it in `learn.pred`."
+        out = self.model(**self.xb) if isinstance(self.xb, dict) else self.model(*self.xb)
+        self.model_output = out
+        self.pred = out if isinstance(out, torch.Tensor) else model_prediction(out, self.pred_key)
+
+    def get_loss(self):
+        "The batch's mean loss, in `learn.loss`: the model's own if its output carries one, else `loss_func`'s (weighted)."
+        out = self.model_output
+        if out is self.pred and self.weights is None and self.yb is not None and self.loss_func is not None:
+            self.loss = self.loss_func(self.pred, self.yb)  # the usual case, tested first
+        elif out is not self.pred and (loss := _own_loss(out)) is not None: self.loss = loss  # the model's own
+        elif self.weights is not None:  # padding: the weighted mean of per-example losses, no sync
+            losses = example_losses(self.loss_func, self.pred, self.yb)
+            if self.tokens is not None: losses = losses * self.yb[0].numel()  # each example's sum over its tokens
+            self.loss = (losses * self.weights).sum() / self.bs.clamp(min=1e-12)  # bs: the weights' (or tokens') sum
+        elif self.loss_func is None:
+            raise ValueError('loss_func is None and the model gives no loss of its own (no `loss` in its output): pass '
+                             'loss_func= (e.g. F.cross_entropy), or a batch with labels the model takes, so it computes one')
+        elif self.yb is not None: self.loss = self.loss_func(self.pred, self.yb)
+        else:
+            try: self.loss = self.loss_func(self.pred)
+            except TypeError as e:  # a loss that needs targets, and batches that have none
+                if not self._check_next: raise
+                raise ValueError(no_target_message(self.batch, self.target_keys)) from e
+
     def _model_loss(self):
         "Does the model compute the loss itself (a Hugging Face model given its labels)?"
         return isinstance(self.xb, dict) and self.yb is not None and any(v is self.yb for v in self.xb.values())
@@ -139,3 +166,5 @@ class BatchReader:
         except Exception: return  # it fails without labels too: not theirs to explain
         try: check_labels(*self.metric_inputs(), self._ignore_index())
         except ValueError as found: raise found from error
+
+def _own_loss(out): return out.get('loss') if isinstance(out, Mapping) else getattr(out, 'loss', None)

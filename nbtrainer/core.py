@@ -9,7 +9,6 @@ __all__ = ['HOOKS', 'patch_to', 'fills', 'Learner']
 
 # %% ../nbs/00_core.ipynb #3597a7bf
 import contextlib, math, threading, warnings
-from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -18,11 +17,10 @@ from .batches import BatchReader
 from .callback import (CallbackHost, CancelBackwardException, CancelBatchException, CancelEpochException,
                                 CancelFitException, CancelStepException, CancelTrainException, CancelValidateException)
 from .checks import check_arguments, check_loss
-from .data import (as_float32, batch_size, check_fit_loaders, check_loader, model_prediction, no_target_message,
-                            plain_model, resolve_device, subset_loader)
-from .metrics import default_metrics, example_losses, make_metrics, metric_name
-from .parts import (Accumulation, FitProgress, FitState, TrainPass, Validation, build_optimizer, check_plan,
-                             make_strategy, param_groups_for, probe_steps, restore_snapshot, set_lrs, snapshot_of)
+from .data import as_float32, check_fit_loaders, check_loader, plain_model, resolve_device
+from .metrics import default_metrics, make_metrics, metric_name
+from .parts import (Accumulation, FitProgress, FitState, PartNames, TrainPass, Validation, build_optimizer,
+                             check_plan, make_strategy, param_groups_for, set_lrs)
 from .precision import MixedPrecision
 from .recorder import Recorder, SkipNonFinite
 from .rng import preserve_rng, reproducibility
@@ -79,12 +77,7 @@ def _default_callbacks(progress, dashboard, display, preemption, skip_nonfinite,
     if fork_points: defaults.append(_hook('fork_points', 'Learner(fork_points=N)')(fork_points))
     return defaults
 
-def _delegate(part, name):
-    "A Learner property that reads and writes `name` of the part `learn.<part>`: the part owns it."
-    return property(lambda self: getattr(getattr(self, part), name),
-                    lambda self, value: setattr(getattr(self, part), name, value), doc=f'`learn.{part}.{name}`')
-
-class Learner(CallbackHost, BatchReader):
+class Learner(CallbackHost, BatchReader, PartNames):
     "Train `model` on `train_dl` with `loss_func` and an optimizer from `opt_func`; callbacks see every step."
     eval_seed = 0  # picks the fixed validation subset of fit(eval_subset=...)
 
@@ -117,49 +110,13 @@ class Learner(CallbackHost, BatchReader):
         defaults = _default_callbacks(progress, dashboard, display, preemption, skip_nonfinite, fork_points)
         super().__init__([self.recorder, *defaults, *cbs], _SCOPES)  # the callbacks, and the event pairs (EventScope)
 
-    # ---- the parts, and the names callbacks have always read through the Learner ----
-    def parts(self):
-        "The parts whose state a run keeps, by the name a checkpoint files their `state_dict()` under."
-        return {'progress': self.progress, 'pass': self.data_pass, 'window': self.window, 'precision': self.precision,
-                'strategy': self.strategy, 'groups': self.param_groups}
-
-    epoch, step = _delegate('progress', 'epoch'), _delegate('progress', 'step')  # callbacks may change them
-    fit_start, last_eval_step = _delegate('progress', 'fit_start'), _delegate('progress', 'last_eval_step')
-    n_epochs, n_steps = _delegate('progress', 'n_epochs'), _delegate('progress', 'n_steps')
-    eval_every, steps_per_epoch = _delegate('progress', 'eval_every'), _delegate('progress', 'steps_per_epoch')
-    reproducibility, accumulating = _delegate('progress', 'reproducibility'), _delegate('window', 'accumulating')
-    step_examples, batch_examples = _delegate('window', 'step_examples'), _delegate('window', 'batch_examples')
-    fitting, evaluating = _delegate('fit_state', 'running'), _delegate('validation', 'evaluating')
-    fit_outcome, fit_exception = _delegate('fit_state', 'outcome'), _delegate('fit_state', 'exception')
-    metric_values, eval_row = _delegate('validation', 'values'), _delegate('validation', 'row')
-    eval_prefix = _delegate('validation', 'fit_prefix')
-    valid_loss = property(lambda self: self.validation.loss, doc='The validation loss, accumulated on the device')
-    accumulate = property(lambda self: self.window.n, doc='Micro-batches per optimizer step')
-    window_size = property(lambda self: self.window.size, doc="The current window's micro-batches")
-    window_batch = property(lambda self: self.window.index, doc="This micro-batch's place in its window")
-    window_examples = property(lambda self: self.window.examples_seen, doc='Examples that reached backward this window')
-    batches_done = property(lambda self: self.data_pass.batches_done, doc='Batches of the pass under way taken')
-    distributed = property(lambda self: self.strategy.distributed, doc='True under DDP (a process group)')
-    main_process = property(lambda self: self.strategy.main_process, doc='The process that draws and writes: rank 0')
-    skipped_steps = property(lambda self: self.precision.skipped_steps(), doc='Steps the fp16 scaler skipped (a sync)')
-
-    @property
-    def train_dl(self):
-        "The training loader. Setting it starts the next fit on a fresh pass over the new loader."
-        return self.data_pass.dl
-
-    @train_dl.setter
-    def train_dl(self, dl): self.data_pass = TrainPass(dl)
-
-    def train_end_step(self): return self.progress.train_end_step()
-
     def validation_names(self): return {'valid_loss', *(metric_name(m) for m in self.metrics)}
 
     def evaluation_columns(self):
         "The columns this fit's evaluation rows will have: what monitors may name (callbacks add theirs in `eval_columns`)."
-        columns = {'epoch', 'step', 'train_loss', 'lr', 'time', *('train_' + metric_name(m) for m in self.recorder.train_metrics)}
-        if self.clip_grad_norm is not None: columns.add('grad_norm')
-        if self.precision.scaler is not None: columns.add('skipped_steps')
+        train_metrics = ('train_' + metric_name(m) for m in self.recorder.train_metrics)
+        present = {'grad_norm': self.clip_grad_norm is not None, 'skipped_steps': self.precision.scaler is not None}
+        columns = {'epoch', 'step', 'train_loss', 'lr', 'time', *train_metrics, *filter(present.get, present)}
         if self.valid_dl is not None: columns |= self.validation_names()
         return columns | {c for cb in self.cbs for c in getattr(cb, 'eval_columns', None) or ()}
 
@@ -184,32 +141,6 @@ class Learner(CallbackHost, BatchReader):
         self._lr, self.lr_note = set_lrs(self.opt.param_groups, value), None
 
     # ---- one batch: the steps a subclass overrides ----
-    def predict(self):
-        "The model's output for `learn.xb` in `learn.model_output`, and the prediction in it in `learn.pred`."
-        out = self.model(**self.xb) if isinstance(self.xb, dict) else self.model(*self.xb)
-        self.model_output = out
-        self.pred = out if isinstance(out, torch.Tensor) else model_prediction(out, self.pred_key)
-
-    def get_loss(self):
-        "The batch's mean loss, in `learn.loss`: the model's own if its output carries one, else `loss_func`'s (weighted)."
-        out = self.model_output
-        if out is self.pred and self.weights is None and self.yb is not None and self.loss_func is not None:
-            self.loss = self.loss_func(self.pred, self.yb)  # the usual case, tested first
-        elif out is not self.pred and (loss := _own_loss(out)) is not None: self.loss = loss  # the model's own
-        elif self.weights is not None:  # padding: the weighted mean of per-example losses, no sync
-            losses = example_losses(self.loss_func, self.pred, self.yb)
-            if self.tokens is not None: losses = losses * self.yb[0].numel()  # each example's sum over its tokens
-            self.loss = (losses * self.weights).sum() / self.bs.clamp(min=1e-12)  # bs: the weights' (or tokens') sum
-        elif self.loss_func is None:
-            raise ValueError('loss_func is None and the model gives no loss of its own (no `loss` in its output): pass '
-                             'loss_func= (e.g. F.cross_entropy), or a batch with labels the model takes, so it computes one')
-        elif self.yb is not None: self.loss = self.loss_func(self.pred, self.yb)
-        else:
-            try: self.loss = self.loss_func(self.pred)
-            except TypeError as e:  # a loss that needs targets, and batches that have none
-                if not self._check_next: raise
-                raise ValueError(no_target_message(self.batch, self.target_keys)) from e
-
     def backward(self):
         "Backpropagate `learn.loss_grad` (through the fp16 loss scaler when there is one)."
         self.precision.scale(self.loss_grad).backward()
@@ -230,23 +161,16 @@ class Learner(CallbackHost, BatchReader):
     def fit(self, epochs=None, *, steps=None, steps_per_epoch=None, eval_every=None, eval_subset=None, cbs=(), lr=None,
             reset_opt=False, resume=None, allow_changes=None):
         "Train for `epochs` epochs, or `steps` optimizer steps; validate each epoch or every `eval_every` steps."
-        if not self.fit_state.lock.acquire(blocking=False):
-            raise RuntimeError('a fit is already running on this Learner (started by fit, fit_async, a callback or another '
-                               'thread): wait for it to end, or stop it first (learn.controls.stop())')
-        try:
+        with self.fit_state.one_at_a_time():
             cbs = self.add_cbs(cbs)
             try:
-                self('claim')  # first: a callback refused what it must hold alone (a folder's lock) before any file is opened
+                # first: a callback refuses what it must hold alone (a folder's lock) before any file is opened
+                self('claim')
                 self._plan_fit(epochs, steps, steps_per_epoch, eval_every, eval_subset, lr, reset_opt, resume, allow_changes)
                 self._run_fit()
             finally:
                 try: self._fire_all('release')
                 finally: self.remove_cbs(cbs)
-        finally: self.fit_state.lock.release()
-
-    def wait_for_fit(self, timeout=None):
-        "Block until no fit runs on this Learner (one in another thread, say); False if `timeout` seconds pass first."
-        return self.fit_state.wait(timeout)
 
     def _plan_fit(self, epochs, steps, steps_per_epoch, eval_every, eval_subset, lr, reset_opt, resume, allow_changes):
         check_plan(epochs, steps, steps_per_epoch, eval_every)
@@ -260,11 +184,7 @@ class Learner(CallbackHost, BatchReader):
         per_pass = math.ceil(n_batches / self.window.n) if n_batches else None  # optimizer steps in a pass
         progress.plan(epochs, steps, steps_per_epoch, eval_every, per_pass, eval_subset)
         if continuing and not resume: progress.check_left()  # a fork's fit with nothing left says which call goes on
-        validation = self.validation
-        validation.fit_dl, validation.fit_prefix = self.valid_dl, ''
-        if eval_subset is not None and self.valid_dl is not None:  # periodic evaluations on a fixed, seeded subset
-            subset = subset_loader(self.valid_dl, eval_subset, self.eval_seed)
-            validation.fit_dl, validation.fit_prefix = subset, 'subset_'
+        self.validation.plan(self.valid_dl, eval_subset, self.eval_seed)  # eval_subset: on a fixed, seeded subset
 
     def _run_fit(self):
         "The fit in its scope, whose closing events (`after_fit`) reach every callback whatever ended it."
@@ -300,7 +220,8 @@ class Learner(CallbackHost, BatchReader):
             self.strategy.start_train(self)
             self('before_train')
             self._train()
-        self.progress.epoch_done = True  # training of this epoch is complete: a checkpoint from now on resumes at the next
+        # training of this epoch is complete: a checkpoint from now on resumes at the next
+        self.progress.epoch_done = True
         if not self.progress.steps_per_epoch: self.data_pass.end()  # the next epoch starts a pass of its own
         if not self.progress.eval_every: self._evaluate()
 
@@ -337,7 +258,8 @@ class Learner(CallbackHost, BatchReader):
         if training:  # the accumulation window: planned at its first micro-batch, once
             if window.left: window.take(self.bs)  # a later micro-batch of the window under way
             elif window.n == 1: window.open(1, self.bs, self.bs)  # no accumulation: each batch is its own window
-            else: self._open_window()
+            else: window.plan(self.data_pass, self.iter, self.bs, self.yb if self.yb is not None else self.xb,
+                              exact=self.weights is None and self.tokens is None)
             if self.strategy.distributed: self.strategy.count_examples(self)
         with self._dispatch.batch:
             if self._events['before_batch']: self('before_batch')
@@ -367,16 +289,6 @@ class Learner(CallbackHost, BatchReader):
             self._check_next = False
             check_loss(self.loss)
         if self._events['after_loss']: self('after_loss')
-
-    def _open_window(self):
-        "A window's first micro-batch: its plan, made once: its micro-batches (cut at a pass's end), its examples"
-        data, n = self.data_pass, self.window.n
-        n = n if data.n_batches is None else min(n, data.n_batches - self.iter)
-        if n == 1: examples = self.bs
-        elif data.sizes is not None and self.weights is None and self.tokens is None:  # exact for an ordinary loader
-            examples = sum(data.sizes(i) for i in range(self.iter, self.iter + n))
-        else: examples = n * batch_size(self.yb if self.yb is not None else self.xb)  # an estimate the step corrects
-        self.window.open(n, examples, self.bs)
 
     def _end_batch(self, exc):
         "A training batch ends, cancelled or not: the optimizer step when its window is complete, before `after_batch`."
@@ -449,10 +361,7 @@ class Learner(CallbackHost, BatchReader):
                 self.dl = self.strategy.eval_loader(self, self.dl)
                 self._check_next, self._read_pairs, self.iter = True, self._plain_batches(), -1
                 for self.iter, batch in enumerate(self.dl if self.dl is not None else ()): self._one_batch(batch)
-                if self.dl is not None and self.iter < 0:
-                    raise ValueError('the validation loader yielded no batches: pass a non-empty valid_dl (or dl=), '
-                                     'or valid_dl=None to train without validation')
-                if self.dl is not None: validation.finish(self.metrics)  # read from the device once
+                if self.dl is not None: validation.finish(self.metrics, self.iter + 1)  # read from the device once
         finally:
             training, self.dl, self.iter, self._check_next = saved
             self._set_phase(training)
@@ -467,18 +376,3 @@ class Learner(CallbackHost, BatchReader):
         dl = dl if dl is not None else self.valid_dl
         if dl is None: raise ValueError('no validation data: pass valid_dl= to Learner, or dl= here')
         return dl
-
-    # ---- snapshots: tools that train and must leave no trace ----
-    def snapshot(self):
-        "Everything a fit can change, by value, in memory: `restore` puts it back exactly (`nbs/00f_parts.ipynb`)."
-        return snapshot_of(self)
-
-    def restore(self, saved):
-        "Put back a `snapshot`: weights, optimizer, scaler, the parts, callbacks and their state, random state."
-        restore_snapshot(self, saved)
-
-    def probe(self, steps, cbs=()):
-        "Train `steps` steps with `cbs`, no validation and no callback with side effects, then put the Learner back exactly."
-        probe_steps(self, steps, cbs)
-
-def _own_loss(out): return out.get('loss') if isinstance(out, Mapping) else getattr(out, 'loss', None)

@@ -7,7 +7,8 @@ Docs: https://nbtrainer.github.io/nbtrainer/parts.html.md"""
 # %% auto #0
 __all__ = ['STRATEGIES', 'SNAPSHOT_ATTRS', 'FitProgress', 'check_plan', 'TrainPass', 'Accumulation', 'Strategy', 'SingleProcess',
            'in_process_group', 'make_strategy', 'Validation', 'FitState', 'spread_lrs', 'set_lrs', 'split_params',
-           'ParamGroups', 'param_groups_for', 'build_optimizer', 'snapshot_of', 'restore_snapshot', 'probe_steps']
+           'ParamGroups', 'param_groups_for', 'build_optimizer', 'snapshot_of', 'restore_snapshot', 'probe_steps',
+           'PartNames']
 
 # %% ../nbs/00f_parts.ipynb #668bc251
 import contextlib, copy, math, numbers, os, threading, uuid, warnings
@@ -17,7 +18,7 @@ import torch
 
 from .callback import CancelFitException, PreemptedException
 from .checks import hyperparameter
-from .data import batch_sizes, loader_length, skip_batches
+from .data import batch_size, batch_sizes, loader_length, skip_batches, subset_loader
 from .layers import GhostBatchNorm
 from .metrics import Mean, computed, metric_name
 from .rng import rng_state, set_rng_state
@@ -165,6 +166,15 @@ class Accumulation:
         self.size, self.accumulating, self.closed = 1, False, True
         self.step_examples = self.batch_examples = self.examples_seen = None
 
+    def plan(self, data, index, bs, batch, exact=True):
+        """A window's first micro-batch (`index` in the pass `data`): its plan, made once: its micro-batches, cut at the
+        pass's end, and its examples, exact from an ordinary loader (`exact`: no weights or tokens), else estimated."""
+        n = self.n if data.n_batches is None else min(self.n, data.n_batches - index)
+        if n == 1: examples = bs
+        elif data.sizes is not None and exact: examples = sum(data.sizes(i) for i in range(index, index + n))
+        else: examples = n * batch_size(batch)  # an estimate the step corrects
+        self.open(n, examples, bs)
+
     def open(self, size, step_examples, bs):
         "A window of `size` micro-batches starts with this one, of `bs` examples; its step averages `step_examples`."
         self.size, self.left, self.index = size, size - 1, 0
@@ -300,6 +310,11 @@ class Validation:
         self.prefix, self.collect = '', None  # the validation under way: its columns' prefix, and get_preds' lists
         self.fit_dl, self.fit_prefix = None, ''  # the fit's evaluations: the validation set, or its subset ('subset_')
 
+    def plan(self, dl, subset=None, seed=0):
+        "The fit's evaluations: on the validation loader `dl`, or on a fixed, seeded `subset` of it (prefix 'subset_')."
+        self.fit_dl, self.fit_prefix = dl, ''
+        if subset is not None and dl is not None: self.fit_dl, self.fit_prefix = subset_loader(dl, subset, seed), 'subset_'
+
     def start(self, metrics, prefix='', collect=None):
         "A validation starts: its loss and `metrics` reset; `collect`: (predictions, targets) lists to fill."
         self.values, self.prefix, self.collect = {}, prefix, collect
@@ -313,8 +328,11 @@ class Validation:
         self.collect[0].append(pred.detach()[keep])
         if yb is not None: self.collect[1].append(yb[keep])
 
-    def finish(self, metrics):
+    def finish(self, metrics, batches):
         "The validation's values, read from the device once; a warning names the first batch whose loss is not finite."
+        if batches == 0:
+            raise ValueError('the validation loader yielded no batches: pass a non-empty valid_dl (or dl=), or '
+                             'valid_dl=None to train without validation')
         values = {'valid_loss': self.loss.compute(), **{metric_name(m): computed(m) for m in metrics}}
         self.values = {self.prefix + k: v for k, v in values.items()}
         if not math.isfinite(values['valid_loss']) and (bad := self.loss.first_nonfinite()) is not None:
@@ -334,6 +352,15 @@ class FitState:
                         'stopped' if isinstance(exc, CancelFitException) else
                         'interrupted' if isinstance(exc, KeyboardInterrupt) else 'failed')
         self.exception = exc
+
+    @contextlib.contextmanager
+    def one_at_a_time(self):
+        "Hold the lock for a fit; a fit already running on this Learner is one clear error."
+        if not self.lock.acquire(blocking=False):
+            raise RuntimeError('a fit is already running on this Learner (started by fit, fit_async, a callback or another '
+                               'thread): wait for it to end, or stop it first (learn.controls.stop())')
+        try: yield
+        finally: self.lock.release()
 
     def wait(self, timeout=None):
         "Block until no fit runs; False if `timeout` seconds pass first."
@@ -524,3 +551,64 @@ def probe_steps(learn, steps, cbs=()):
     finally:
         restore_snapshot(learn, saved)
         for m, mode in zip(learn.model.modules(), modes): m.training = mode  # fit leaves the model in train mode
+
+# %% ../nbs/00f_parts.ipynb #5a281534
+def _delegate(part, name):
+    "A property that reads and writes `name` of the part `learn.<part>`: the part owns it."
+    return property(lambda self: getattr(getattr(self, part), name),
+                    lambda self, value: setattr(getattr(self, part), name, value), doc=f'`learn.{part}.{name}`')
+
+class PartNames:
+    "The Learner's names for what its parts own (`learn.epoch` is `learn.progress.epoch`), and its snapshots."
+    def parts(self):
+        "The parts whose state a run keeps, by the name a checkpoint files their `state_dict()` under."
+        return {'progress': self.progress, 'pass': self.data_pass, 'window': self.window, 'precision': self.precision,
+                'strategy': self.strategy, 'groups': self.param_groups}
+
+    epoch, step = _delegate('progress', 'epoch'), _delegate('progress', 'step')  # callbacks may change them
+    fit_start, last_eval_step = _delegate('progress', 'fit_start'), _delegate('progress', 'last_eval_step')
+    n_epochs, n_steps = _delegate('progress', 'n_epochs'), _delegate('progress', 'n_steps')
+    eval_every, steps_per_epoch = _delegate('progress', 'eval_every'), _delegate('progress', 'steps_per_epoch')
+    reproducibility, accumulating = _delegate('progress', 'reproducibility'), _delegate('window', 'accumulating')
+    step_examples, batch_examples = _delegate('window', 'step_examples'), _delegate('window', 'batch_examples')
+    fitting, evaluating = _delegate('fit_state', 'running'), _delegate('validation', 'evaluating')
+    fit_outcome, fit_exception = _delegate('fit_state', 'outcome'), _delegate('fit_state', 'exception')
+    metric_values, eval_row = _delegate('validation', 'values'), _delegate('validation', 'row')
+    eval_prefix = _delegate('validation', 'fit_prefix')
+    valid_loss = property(lambda self: self.validation.loss, doc='The validation loss, accumulated on the device')
+    accumulate = property(lambda self: self.window.n, doc='Micro-batches per optimizer step')
+    window_size = property(lambda self: self.window.size, doc="The current window's micro-batches")
+    window_batch = property(lambda self: self.window.index, doc="This micro-batch's place in its window")
+    window_examples = property(lambda self: self.window.examples_seen, doc='Examples that reached backward this window')
+    batches_done = property(lambda self: self.data_pass.batches_done, doc='Batches of the pass under way taken')
+    distributed = property(lambda self: self.strategy.distributed, doc='True under DDP (a process group)')
+    main_process = property(lambda self: self.strategy.main_process, doc='The process that draws and writes: rank 0')
+    skipped_steps = property(lambda self: self.precision.skipped_steps(), doc='Steps the fp16 scaler skipped (a sync)')
+
+    @property
+    def train_dl(self):
+        "The training loader. Setting it starts the next fit on a fresh pass over the new loader."
+        return self.data_pass.dl
+
+    @train_dl.setter
+    def train_dl(self, dl):
+        self.data_pass = TrainPass(dl)
+
+    def train_end_step(self):
+        return self.progress.train_end_step()
+
+    def wait_for_fit(self, timeout=None):
+        "Block until no fit runs on this Learner (one in another thread, say); False if `timeout` seconds pass first."
+        return self.fit_state.wait(timeout)
+
+    def snapshot(self):
+        "Everything a fit can change, by value, in memory: `restore` puts it back exactly (`snapshot_of`)."
+        return snapshot_of(self)
+
+    def restore(self, saved):
+        "Put back a `snapshot`: weights, optimizer, scaler, the parts, callbacks and their state, random state."
+        restore_snapshot(self, saved)
+
+    def probe(self, steps, cbs=()):
+        "Train `steps` steps with `cbs`, no validation nor callbacks with side effects, then put the Learner back exactly."
+        probe_steps(self, steps, cbs)

@@ -154,7 +154,7 @@ def test_the_learner_is_made_of_parts_with_state_dicts():
 
 # One Learner you can read (issue #33): every method defined once, core calling only what it (or its bases and parts)
 # defines, one scope mechanism, and sizes a reader can hold.
-BASES = {'core': 'Learner', 'batches': 'BatchReader', 'callback': 'CallbackHost'}  # the Learner's class and its bases
+BASES = {'core': 'Learner', 'batches': 'BatchReader', 'callback': 'CallbackHost', 'parts': 'PartNames'}  # the class, its bases
 
 
 def tree(name): return ast.parse((PACKAGE / f'{name}.py').read_text())
