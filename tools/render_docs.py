@@ -21,7 +21,7 @@ NBS = ROOT / 'nbs'
 def pages():
     "Each notebook and the page it renders to, relative to the site root: the quick start, tutorials, then modules."
     tutorials = sorted((NBS / 'tutorials').glob('*.ipynb'))
-    modules = sorted(NBS.glob('*.ipynb'))
+    modules = sorted(p for p in NBS.glob('*.ipynb') if not p.is_symlink())  # nbs/index.ipynb: the quick start
     return {ROOT / 'index.ipynb': Path('quickstart.html'),
             **{p: p.relative_to(NBS).with_suffix('.html') for p in tutorials + modules}}
 

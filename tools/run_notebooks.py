@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def all_notebooks():
-    return sorted(p for p in (ROOT / 'nbs').rglob('*.ipynb') if '.ipynb_checkpoints' not in p.parts) + [ROOT / 'index.ipynb']
+    found = (ROOT / 'nbs').rglob('*.ipynb')  # nbs/index.ipynb links to index.ipynb (for nbdev's docs): run once
+    return sorted(p for p in found if '.ipynb_checkpoints' not in p.parts and not p.is_symlink()) + [ROOT / 'index.ipynb']
 
 
 def execute(path, timeout):

@@ -59,7 +59,7 @@ python -m compileall -q nbtrainer >/dev/null || failures+=("python -m compileall
 
 # One process per notebook: notebooks re-run the cells that attach methods to shared classes (Learner.fit_async, ...),
 # and nbdev-test's worker pool would carry one notebook's definitions into the next.
-if $quick; then notebooks=$(ls nbs/00*.ipynb); else notebooks=$(find nbs -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*' | sort); fi
+if $quick; then notebooks=$(ls nbs/00*.ipynb); else notebooks=$(find nbs -type f -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*' | sort); fi
 stage "notebooks (nbdev-test, $jobs at a time, each in a fresh process)"
 echo "$notebooks" | xargs -P "$jobs" -I{} sh -c '
   log="$0/$(echo "{}" | tr / _).log"; start=$(date +%s)
