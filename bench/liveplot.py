@@ -12,7 +12,6 @@ frame included.
 
     python bench/liveplot.py [--seconds 10 30 100] [--repeats 2] [--every 1.0]
 """
-
 import argparse, sys, tempfile, time
 from pathlib import Path
 
@@ -43,9 +42,7 @@ def main():
     valid = make_batches(188, seed=1)
     rate = steps_per_second(train, valid)
     print(f'{rate:.0f} steps/s in this setup; figure 7 x 3.5 in, drawn at 2x (1120 x 560 px)')
-    live = LivePlot(
-        every=args.every, path=Path(tempfile.mkdtemp()) / 'live.png'
-    )  # one, as a notebook's dashboard keeps
+    live = LivePlot(every=args.every, path=Path(tempfile.mkdtemp()) / 'live.png')  # one, as a notebook's dashboard keeps
     runs = [(args.seconds[0], 'cold')] + [(s, 'warm') for s in args.seconds for _ in range(args.repeats)]
     for seconds, kind in runs:
         learn = default_learner(make_model(), train, valid)
@@ -55,12 +52,10 @@ def main():
         learn.fit(steps=steps, eval_every=max(1, steps // 5))  # 5 evaluations
         fit_seconds = time.perf_counter() - t
         gaps = [b - a for a, b in zip(live.times, live.times[1:])]
-        print(
-            f'{kind} {fit_seconds:5.1f} s fit: {live.renders:3d} frames, first at {live.times[0]:4.1f} s, '
-            f'longest gap {max(gaps or [0]):4.1f} s, {live.render_seconds / live.renders * 1e3:3.0f} ms a frame '
-            f'({live.frames.full_draws} full draws so far), '
-            f'render_seconds / fit_seconds = {live.render_seconds / fit_seconds:.2%} (budget {live.max_share:.0%})'
-        )
+        print(f'{kind} {fit_seconds:5.1f} s fit: {live.renders:3d} frames, first at {live.times[0]:4.1f} s, '
+              f'longest gap {max(gaps or [0]):4.1f} s, {live.render_seconds / live.renders * 1e3:3.0f} ms a frame '
+              f'({live.frames.full_draws} full draws so far), '
+              f'render_seconds / fit_seconds = {live.render_seconds / fit_seconds:.2%} (budget {live.max_share:.0%})')
 
 
 if __name__ == '__main__':

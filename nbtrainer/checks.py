@@ -19,33 +19,25 @@ from .metrics import class_dim, describe_task, is_multilabel, metric_name
 # %% ../nbs/00e_checks.ipynb #dc764032
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
-
 def hyperparameter(name, value, positive=True):
     "`value` as a float: a finite real number that float32 can hold, and > 0 when `positive`; one clear error otherwise."
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
+    if isinstance(value, torch.Tensor) and value.numel() == 1: value = value.item()
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
     number = float(value) if ok else math.nan
     if not (ok and math.isfinite(number) and abs(number) <= FLOAT32_MAX and (number > 0 or not positive)):
-        raise ValueError(
-            f'{name} must be a finite number{" > 0" if positive else ""} that float32 can hold '
-            f'(|{name}| <= {FLOAT32_MAX:.3g}), got {value!r}'
-        )
+        raise ValueError(f'{name} must be a finite number{" > 0" if positive else ""} that float32 can hold '
+                         f'(|{name}| <= {FLOAT32_MAX:.3g}), got {value!r}')
     return number
 
 # %% ../nbs/00e_checks.ipynb #8b46bec6
 def check_arguments(loss_func=None, compile=False, clip_grad_norm=None):
     "The Learner's `loss_func` (callable or None) and `compile` (a bool or options), and `clip_grad_norm` as a float."
     if loss_func is not None and not callable(loss_func):
-        raise TypeError(
-            'loss_func must be a function loss(pred, target) or a loss module such as '
-            f'nn.CrossEntropyLoss(); got {loss_func!r}'
-        )
+        raise TypeError('loss_func must be a function loss(pred, target) or a loss module such as '
+                        f'nn.CrossEntropyLoss(); got {loss_func!r}')
     if not isinstance(compile, (bool, dict)):
-        raise TypeError(
-            "compile must be True, False or a dict of torch.compile's options (e.g. {'mode': "
-            f"'max-autotune'}}), got {compile!r}"
-        )
+        raise TypeError("compile must be True, False or a dict of torch.compile's options (e.g. {'mode': "
+                        f"'max-autotune'}}), got {compile!r}")
     return None if clip_grad_norm is None else hyperparameter('clip_grad_norm', clip_grad_norm)
 
 # %% ../nbs/00e_checks.ipynb #aad323a7
@@ -54,67 +46,41 @@ def writable_folder(folder, who):
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix='.nbtrainer-check-'):
-            pass
+        with tempfile.NamedTemporaryFile(dir=folder, prefix='.nbtrainer-check-'): pass
     except OSError as e:
-        raise type(e)(
-            e.errno,
-            f'{who} cannot write to {folder} ({e.strerror or e}): choose a folder it can create '
-            'and write to, before training starts',
-        ) from None
+        raise type(e)(e.errno, f'{who} cannot write to {folder} ({e.strerror or e}): choose a folder it can create '
+                               'and write to, before training starts') from None
     return folder
 
 # %% ../nbs/00e_checks.ipynb #e0e3974f
 def check_labels(pred, y, ignore_index):
     "Class labels `y` in range for the classes of `pred` (the labels equal to `ignore_index` left out)."
-    if not (
-        isinstance(pred, torch.Tensor)
-        and pred.is_floating_point()
-        and isinstance(y, torch.Tensor)
-        and not y.is_floating_point()
-    ):
-        return
+    if not (isinstance(pred, torch.Tensor) and pred.is_floating_point() and isinstance(y, torch.Tensor)
+            and not y.is_floating_point()): return
     dim = class_dim(pred, y)  # (N, C, ...) as torch's losses take, or (N, ..., C) as Hugging Face models give
-    if dim is None:
-        return  # a layout it cannot read: left to the loss
+    if dim is None: return  # a layout it cannot read: left to the loss
     n_classes, labels = pred.shape[dim], y[y != ignore_index]
     if labels.numel() and (labels.min() < 0 or labels.max() >= n_classes):  # one sync, first batch only
         bad = int(labels.max()) if labels.max() >= n_classes else int(labels.min())
-        raise ValueError(
-            f'labels out of range: the batch has label {bad} but the model outputs {n_classes} '
-            f'classes, so labels must be in 0..{n_classes - 1}'
-        )
-
+        raise ValueError(f'labels out of range: the batch has label {bad} but the model outputs {n_classes} '
+                         f'classes, so labels must be in 0..{n_classes - 1}')
 
 def check_regression_shapes(pred, y):
     "Predictions and float targets that a loss would broadcast into an every-with-every comparison."
-    if not (
-        isinstance(pred, torch.Tensor)
-        and isinstance(y, torch.Tensor)
-        and pred.is_floating_point()
-        and y.is_floating_point()
-        and pred.shape != y.shape
-    ):
-        return
-    try:
-        shape = torch.broadcast_shapes(pred.shape, y.shape)
-    except RuntimeError:
-        return  # they don't broadcast: the loss says so itself
+    if not (isinstance(pred, torch.Tensor) and isinstance(y, torch.Tensor) and pred.is_floating_point()
+            and y.is_floating_point() and pred.shape != y.shape): return
+    try: shape = torch.broadcast_shapes(pred.shape, y.shape)
+    except RuntimeError: return  # they don't broadcast: the loss says so itself
     if math.prod(shape) > max(pred.numel(), y.numel()):
-        raise ValueError(
-            f'the predictions have shape {tuple(pred.shape)} but the targets {tuple(y.shape)}: they '
-            f'broadcast to {tuple(shape)}, so the loss would compare every prediction with every target. '
-            "Give the targets the predictions' shape (e.g. y[:, None] in the dataset, or the model's "
-            'output .squeeze(-1))'
-        )
-
+        raise ValueError(f'the predictions have shape {tuple(pred.shape)} but the targets {tuple(y.shape)}: they '
+                         f'broadcast to {tuple(shape)}, so the loss would compare every prediction with every target. '
+                         "Give the targets the predictions' shape (e.g. y[:, None] in the dataset, or the model's "
+                         'output .squeeze(-1))')
 
 def _unfit_metric(m, pred, target, why):
     task, fits = describe_task(pred, target)
-    return f'metric {metric_name(m)!r} does not fit these batches ({why}). They look like {task}' + (
-        f'; metrics that fit: {", ".join(fits)}' if fits else ''
-    )
-
+    return (f'metric {metric_name(m)!r} does not fit these batches ({why}). They look like {task}'
+            + (f'; metrics that fit: {", ".join(fits)}' if fits else ''))
 
 def check_metrics(metrics, pred, target, update):
     "Each metric on a copy of this batch (`update(copy)` as the Learner does): one that does not fit fails now"
@@ -123,13 +89,11 @@ def check_metrics(metrics, pred, target, update):
             probe = copy.deepcopy(m)
             probe.reset()
             update(probe)
-        except Exception as e:
-            raise ValueError(_unfit_metric(m, pred, target, f'{type(e).__name__}: {e}')) from e
+        except Exception as e: raise ValueError(_unfit_metric(m, pred, target, f'{type(e).__name__}: {e}')) from e
         family = getattr(m, 'family', None)  # a built-in metric's kind: does it fit this kind of task?
         soft = getattr(m, 'soft_targets', False) and is_multilabel(pred, target)  # class probabilities: classes
         if family is not None and not soft and (fits := describe_task(pred, target)[1]) and family not in fits:
             raise ValueError(_unfit_metric(m, pred, target, f'{family} is not a metric of this kind of task'))
-
 
 def check_loss(loss):
     "The loss is a scalar tensor."

@@ -20,7 +20,6 @@ from .progress import brief_traceback
 # %% ../nbs/16_control.ipynb #7e7420cb
 class Controls(Callback):
     "Requests from any thread (stop, pause, lr, save), carried out by the training thread at the next step boundary, at once while paused."
-
     order = Order.CONTROL  # last: the displays have shown the batch before a pause holds it
     side_effects = True  # it takes requests from outside, and saves checkpoints
 
@@ -63,8 +62,7 @@ class Controls(Callback):
         self._one_process_only('set_lr')
         lr = hyperparameter('lr', lr)  # a bad value fails here, in the caller's thread, not in the training loop
         current = self._lr if self._lr is not None else getattr(self.learn, 'lr', None)
-        if lr == current:
-            return  # the same lr again (Set LR after Enter sent it): one request, not two
+        if lr == current: return  # the same lr again (Set LR after Enter sent it): one request, not two
         self._lr = lr
         self._wake.set()
 
@@ -79,55 +77,43 @@ class Controls(Callback):
             raise ValueError(f'Controls.{what}() works in one process only; under DDP only stop() reaches every rank')
 
     @property
-    def paused(self):
-        return not self._running.is_set()
+    def paused(self): return not self._running.is_set()
 
     # ---- carried out by the training thread ----
     def before_fit(self):
         self._reset()
-        for key in ('paused', 'lr', 'saved', 'stopping'):
-            self.learn.status.pop(key, None)  # the last fit's feedback
+        for key in ('paused', 'lr', 'saved', 'stopping'): self.learn.status.pop(key, None)  # the last fit's feedback
         self.learn.controls = self  # the running fit's controls: the dashboard and learn.dashboard() find them here
 
     def after_batch(self):
-        if self._stop.is_set():
-            self._stop_now()
-        if self.learn.training and not self.learn.accumulating:
-            self._at_step_boundary()
+        if self._stop.is_set(): self._stop_now()
+        if self.learn.training and not self.learn.accumulating: self._at_step_boundary()
 
     def after_eval(self):
-        if self._stop.is_set():
-            self._stop_now()
+        if self._stop.is_set(): self._stop_now()
         self._at_step_boundary()
 
     def _at_step_boundary(self):
         self._carry_out()
-        if not self._running.is_set():
-            self._hold()
+        if not self._running.is_set(): self._hold()
 
     def _carry_out(self):
         "The requests waiting: a new lr, a checkpoint."
-        if self._lr is not None:
-            self._apply_lr()
-        if self._save:
-            self._save_now()
+        if self._lr is not None: self._apply_lr()
+        if self._save: self._save_now()
 
     def _note(self, action, value, status_key, status):
         "Log a request carried out, post its feedback for the displays, and tell the listeners."
         self.log.append((self.learn.step, action, value))
-        if status_key:
-            self.learn.status[status_key] = status
-        for listener in list(self.listeners):
-            listener()
+        if status_key: self.learn.status[status_key] = status
+        for listener in list(self.listeners): listener()
 
     def _stop_now(self):
         self._stop.clear()  # requested once; under DDP every rank stops at the next stop check
         self._carry_out()  # what was asked before the Stop is not lost
         self._note('stop', self._reason, 'stopping', f'at step {self.learn.step}')
-        if self.learn.distributed:
-            return request_stop(self.learn)
-        if self._interrupt:
-            raise KeyboardInterrupt()  # the fit ends as interrupted, after_fit included
+        if self.learn.distributed: return request_stop(self.learn)
+        if self._interrupt: raise KeyboardInterrupt()  # the fit ends as interrupted, after_fit included
         raise CancelFitException(self._reason)
 
     def _apply_lr(self):
@@ -138,9 +124,8 @@ class Controls(Callback):
     def _save_now(self):
         self._save = None
         learn = self.learn
-        folder = self.save_dir or next(
-            (cb.folder for cb in learn.cbs if getattr(cb, 'keeps_checkpoints', False)), 'runs/checkpoints'
-        )
+        folder = self.save_dir or next((cb.folder for cb in learn.cbs if getattr(cb, 'keeps_checkpoints', False)),
+                                       'runs/checkpoints')
         path = learn.save(Path(folder) / f'manual-step{learn.step}.pt')
         shown = path.resolve().relative_to(Path.cwd()) if path.resolve().is_relative_to(Path.cwd()) else path
         self._note('save', str(path), 'saved', str(shown))  # with its folder: where to find it
@@ -154,75 +139,38 @@ class Controls(Callback):
                     self._wake.wait(0.1)  # woken by any request; short waits, so a kernel interrupt is not held up
                     self._wake.clear()
                     self._carry_out()  # Save and Set LR while paused: at once, at this step boundary
-            finally:
-                learn.status.pop('paused', None)
+            finally: learn.status.pop('paused', None)
         self._note('resume', None, None, None)
-        if self._stop.is_set():
-            self._stop_now()
+        if self._stop.is_set(): self._stop_now()
 
     def after_cancel_fit(self):
         "The fit ends early: requests still waiting are carried out if it stopped; after an interrupt or an error the state may be half-updated, so no checkpoint."
-        if self.learn.fit_outcome == 'stopped':
-            return self._carry_out()
-        if self._lr is not None:
-            self._apply_lr()
+        if self.learn.fit_outcome == 'stopped': return self._carry_out()
+        if self._lr is not None: self._apply_lr()
         if self._save:
             self._save = None
-            self._note(
-                'save',
-                None,
-                'saved',
-                'nothing: the fit ' + {'failed': 'failed'}.get(self.learn.fit_outcome, 'was interrupted'),
-            )
+            self._note('save', None, 'saved', 'nothing: the fit ' + {'failed': 'failed'}.get(self.learn.fit_outcome, 'was interrupted'))
 
     def after_fit(self):
-        if self.learn.fit_outcome in ('finished', 'stopped'):
-            self._carry_out()  # one that came at the very end
-        if getattr(self.learn, 'controls', None) is self:
-            self.learn.controls = None
+        if self.learn.fit_outcome in ('finished', 'stopped'): self._carry_out()  # one that came at the very end
+        if getattr(self.learn, 'controls', None) is self: self.learn.controls = None
 
 # %% ../nbs/16_control.ipynb #785da648
 @patch_to(Learner)
-def fit_async(
-    learn,
-    epochs=None,
-    *,
-    steps=None,
-    steps_per_epoch=None,
-    eval_every=None,
-    eval_subset=None,
-    cbs=(),
-    lr=None,
-    reset_opt=False,
-    resume=None,
-    allow_changes=None,
-):
+def fit_async(learn, epochs=None, *, steps=None, steps_per_epoch=None, eval_every=None, eval_subset=None, cbs=(), lr=None,
+              reset_opt=False, resume=None, allow_changes=None):
     "Start `fit` in a worker thread and return, once it has begun, an awaitable of its result: `await` it to wait, or let it train in the background."
-    if learn.fitting:
-        raise RuntimeError('a fit is already running on this Learner: wait for it to end, or stop it first')
+    if learn.fitting: raise RuntimeError('a fit is already running on this Learner: wait for it to end, or stop it first')
     controls = next((cb for cb in learn.cbs if isinstance(cb, Controls)), None)  # the Learner's own, if any
     own = [] if controls is not None else [controls := Controls()]  # else one for this fit only
     done, started = concurrent.futures.Future(), threading.Event()
 
     def work():
         _RUNNING.add(controls)  # the kernel's interrupt button ends it, even in the background
-        try:
-            done.set_result(
-                learn.fit(
-                    epochs,
-                    steps=steps,
-                    steps_per_epoch=steps_per_epoch,
-                    eval_every=eval_every,
-                    eval_subset=eval_subset,
-                    cbs=[*cbs, *own, _Started(started)],
-                    lr=lr,
-                    reset_opt=reset_opt,
-                    resume=resume,
-                    allow_changes=allow_changes,
-                )
-            )
-        except BaseException as e:
-            done.set_exception(e)
+        try: done.set_result(learn.fit(epochs, steps=steps, steps_per_epoch=steps_per_epoch, eval_every=eval_every,
+                                       eval_subset=eval_subset, cbs=[*cbs, *own, _Started(started)], lr=lr,
+                                       reset_opt=reset_opt, resume=resume, allow_changes=allow_changes))
+        except BaseException as e: done.set_exception(e)
         finally:
             _RUNNING.discard(controls)
             started.set()  # a fit that failed before it began
@@ -233,17 +181,13 @@ def fit_async(
     thread.start()
     started.wait()  # the fit has begun (the dashboard is shown) before the caller goes on
     waiting = _wait_for_fit(learn, done, thread, controls)
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return waiting  # no loop yet (a script): asyncio.run(...) awaits it
+    try: loop = asyncio.get_running_loop()
+    except RuntimeError: return waiting  # no loop yet (a script): asyncio.run(...) awaits it
     task = loop.create_task(waiting)  # already training: await the task, or let the fit run in the background
     task.add_done_callback(lambda t: t.cancelled() or t.exception())  # in the background, its end is the summary's
     return task
 
-
 _RUNNING = set()  # the Controls of the fits `fit_async` runs
-
 
 def _end_background_fits_on_kernel_interrupt():
     """Make the kernel's interrupt button end the fits running in the background. An idle ipykernel ignores SIGINT: it
@@ -253,39 +197,26 @@ def _end_background_fits_on_kernel_interrupt():
     kernel = getattr(sys.modules.get('ipykernel.kernelbase'), 'Kernel', None)
     kernel = kernel.instance() if kernel is not None and kernel.initialized() else None
     previous = getattr(kernel, 'saved_sigint_handler', None)
-    if previous is None or getattr(previous, 'ends_fits', False):
-        return  # not in ipykernel, or done already
-
+    if previous is None or getattr(previous, 'ends_fits', False): return  # not in ipykernel, or done already
     def on_interrupt(signum, frame):
         if _RUNNING:
-            for controls in list(_RUNNING):
-                controls.interrupt()
-        elif callable(previous):
-            previous(signum, frame)
-
+            for controls in list(_RUNNING): controls.interrupt()
+        elif callable(previous): previous(signum, frame)
     on_interrupt.ends_fits = True
     kernel.saved_sigint_handler = on_interrupt
 
-
 class _Started(Callback):
     "Tells `fit_async` that the fit has begun: every other callback's `before_fit` has run."
-
     order = Order.CONTROL + 1
-
-    def __init__(self, event):
-        self.event = event
-
-    def before_fit(self):
-        self.event.set()
-
+    def __init__(self, event): self.event = event
+    def before_fit(self): self.event.set()
 
 async def _wait_for_fit(learn, done, thread, controls):
     "Wait for the fit in `thread`, waking often: Jupyter delivers an interrupt (a cancel) only when the loop wakes."
     result = asyncio.wrap_future(done)
     result.add_done_callback(lambda f: f.cancelled() or f.exception())  # read even if we stop waiting (an interrupt)
     try:
-        while not result.done():
-            await asyncio.wait([result], timeout=0.1)
+        while not result.done(): await asyncio.wait([result], timeout=0.1)
         return result.result()
     except asyncio.CancelledError as e:  # Jupyter's interrupt cancels the await
         controls.interrupt()

@@ -17,21 +17,12 @@ from .control import Controls
 from .core import Learner, fills, patch_to
 from .liveplot import LivePlot
 from .metrics import metric_name
-from nbtrainer.progress import (
-    ProgressCallback,
-    brief_traceback,
-    describe_ending,
-    display_widget,
-    format_header,
-    format_row,
-    in_jupyter,
-    widget_bundle,
-)
+from .progress import (ProgressCallback, brief_traceback, describe_ending, display_widget, format_header,
+                                format_row, in_jupyter, widget_bundle)
 
 # %% ../nbs/17_dashboard.ipynb #1fe5608f
 class _Bars(ProgressCallback):
     "ProgressCallback with its bars placed in the dashboard and its rows sent to the dashboard's table."
-
     def __init__(self, dashboard, refresh):
         super().__init__(refresh=refresh)
         self.dashboard, self._spares = dashboard, {}
@@ -40,15 +31,12 @@ class _Bars(ProgressCallback):
         bar = self._spares.pop(desc, None)
         if bar is not None:  # the last phase's bar again, reset: a new bar per phase left its views in the browser
             bar.reset(total=kwargs.get('total'))
-            if self.dashboard.widgets:
-                bar.container.layout.visibility = 'visible'
+            if self.dashboard.widgets: bar.container.layout.visibility = 'visible'
             return bar
         if not self.dashboard.widgets:  # counts only: the HTML view draws them (`_bar_html`)
             from tqdm import tqdm
-
             return tqdm(desc=desc, file=_Nowhere(), **kwargs)
         from tqdm.notebook import tqdm  # lazy: widgets only in a notebook
-
         bar = tqdm(desc=desc, leave=True, display=False, **kwargs)  # kept: the dashboard decides what to show
         self.dashboard._place_bar(desc, bar.container)
         return bar
@@ -56,168 +44,114 @@ class _Bars(ProgressCallback):
     def shown(self):
         "The bars on show, in their slots' order: epoch, train (kept between phases), valid (while validating)."
         train = self.batch_bar or self._spares.get('train')
-        return [
-            (desc, bar)
-            for desc, bar in (('epoch', self.epoch_bar), ('train', train), ('valid', self.valid_bar))
-            if bar is not None
-        ]
+        return [(desc, bar) for desc, bar in (('epoch', self.epoch_bar), ('train', train), ('valid', self.valid_bar))
+                if bar is not None]
 
     def after_train(self):
         self._show()
         self._spares['train'], self.batch_bar = self.batch_bar, None  # it stays, counting again at the next phase
 
     def after_validate(self):
-        if self._refresh != self._show_valid:
-            return
+        if self._refresh != self._show_valid: return
         if self.valid_bar is not None:  # hidden in its slot until the next validation: the layout stays put
-            if self.dashboard.widgets:
-                self.valid_bar.container.layout.visibility = 'hidden'
+            if self.dashboard.widgets: self.valid_bar.container.layout.visibility = 'hidden'
             self._spares['valid'] = self.valid_bar
         self.valid_bar, self._pending, self._refresh = None, self._train_pending, self._show
 
-    def _write_row(self, row, keys):
-        self.dashboard._add_row(row)
+    def _write_row(self, row, keys): self.dashboard._add_row(row)
 
     def after_fit(self):
         epoch_bar, self.epoch_bar = self.epoch_bar, None  # the summary says how the fit ended: no line printed
         super().after_fit()
-        if epoch_bar is not None:
-            epoch_bar.close()
-        for bar in self._spares.values():
-            bar.close()
+        if epoch_bar is not None: epoch_bar.close()
+        for bar in self._spares.values(): bar.close()
         self._spares = {}
-
 
 class _Nowhere:
     "A file that drops what is written: an HTML dashboard's bars count, and the dashboard draws them."
-
-    def write(self, text):
-        pass
-
-    def flush(self):
-        pass
-
+    def write(self, text): pass
+    def flush(self): pass
 
 class _Plot(LivePlot):
     "LivePlot whose frames go to the dashboard's image widget (and to `path`, if given)."
-
     def __init__(self, dashboard, **kwargs):
         super().__init__(**kwargs)
         self.dashboard = dashboard
 
-    def _outputs(self):
-        return False, (Path(self.path) if self.path is not None else None)  # the widget, not inline
+    def _outputs(self): return False, (Path(self.path) if self.path is not None else None)  # the widget, not inline
 
     def show(self, png):
         self.dashboard._show_frame(png, self.fig)
         super().show(png)
 
 # %% ../nbs/17_dashboard.ipynb #4dea96df
-_HINT = (
-    'Buttons work with <code>learn.fit_async(...)</code>: a plain <code>fit</code> keeps the kernel busy '
-    'until it ends. To stop this fit, interrupt the kernel.'
-)
+_HINT = ('Buttons work with <code>learn.fit_async(...)</code>: a plain <code>fit</code> keeps the kernel busy '
+         'until it ends. To stop this fit, interrupt the kernel.')
 _LIVE_TEXT = 'Training dashboard (live while the fit runs; a static summary replaces it when the fit ends)'
 _CELL = 'padding:1px 6px;text-align:right;white-space:nowrap;font-weight:normal;overflow:hidden'
 _BAR_PX, _ROW_PX = 32, 21  # a tqdm bar's height, a table row's (18 px line, 2 px padding, 1 px border): space kept
 _FORK_BUTTON = dict(width='44px', height=f'{_ROW_PX}px', padding='0', margin='0 0 0 6px')
 _TABLE = 'border-collapse:collapse;table-layout:fixed;font-size:12px;line-height:18px;font-variant-numeric:tabular-nums;margin:0'
 
-
-def _cell_width(key):
-    return 7 * (max(len(key), 7) + 2)  # px: 7 a character, a column's name or a number
-
+def _cell_width(key): return 7 * (max(len(key), 7) + 2)  # px: 7 a character, a column's name or a number
 
 def _cells(values, keys, tag='td'):
     "A table row's cells, each of a fixed width (in characters) so that separate rows line up."
-    return ''.join(
-        f'<{tag} style="{_CELL};width:{_cell_width(k)}px">{html.escape(v)}</{tag}>' for k, v in zip(keys, values)
-    )
+    return ''.join(f'<{tag} style="{_CELL};width:{_cell_width(k)}px">{html.escape(v)}</{tag}>'
+                   for k, v in zip(keys, values))
 
-
-def _row_values(row, keys):
-    return [format_row(row, [k]).strip() if k in row else '' for k in keys]
-
+def _row_values(row, keys): return [format_row(row, [k]).strip() if k in row else '' for k in keys]
 
 def _table_html(rows, keys=None, header=True):
     "History rows as an HTML table with inline styles (kept by a saved notebook), numbers as in the console rows."
     keys = keys or list(dict.fromkeys(k for row in rows for k in row))
-    head = (
-        f'<thead><tr style="border-bottom:1px solid rgba(127,127,127,.6)">{_cells(keys, keys, "th")}</tr></thead>'
-        if header
-        else ''
-    )
-    body = ''.join(
-        f'<tr style="border-bottom:1px solid rgba(127,127,127,.2)">{_cells(_row_values(r, keys), keys)}</tr>'
-        for r in rows
-    )
+    head = (f'<thead><tr style="border-bottom:1px solid rgba(127,127,127,.6)">{_cells(keys, keys, "th")}</tr></thead>'
+            if header else '')
+    body = ''.join(f'<tr style="border-bottom:1px solid rgba(127,127,127,.2)">{_cells(_row_values(r, keys), keys)}</tr>'
+                   for r in rows)
     return f'<table class="nbtrainer-history" style="{_TABLE}">{head}<tbody>{body}</tbody></table>'
 
-
 _BAR_LINE = 'display:flex;align-items:center;height:20px;font-size:12px;white-space:nowrap;overflow:hidden'
-
 
 def _bar_html(desc, bar):
     "A progress bar as HTML: its name, a meter (when the total is known) and tqdm's counts, times and postfix."
     from tqdm import tqdm
-
     counts = bar.format_dict
     total = counts['total']
-    form = (
-        '{percentage:3.0f}% {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]'
-        if total
-        else '{n_fmt} [{elapsed}, {rate_fmt}{postfix}]'
-    )
+    form = ('{percentage:3.0f}% {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]' if total else
+            '{n_fmt} [{elapsed}, {rate_fmt}{postfix}]')
     text = tqdm.format_meter(**{**counts, 'bar_format': form})
-    meter = (
-        f'<progress max="{total}" value="{min(counts["n"], total)}" style="width:240px;height:12px;margin:0 8px">'
-        '</progress>'
-        if total
-        else '<span style="width:8px"></span>'
-    )
-    return (
-        f'<div style="{_BAR_LINE}"><span style="display:inline-block;width:40px">{html.escape(desc)}</span>'
-        f'{meter}<span>{html.escape(text)}</span></div>'
-    )
-
+    meter = (f'<progress max="{total}" value="{min(counts["n"], total)}" style="width:240px;height:12px;margin:0 8px">'
+             '</progress>' if total else '<span style="width:8px"></span>')
+    return (f'<div style="{_BAR_LINE}"><span style="display:inline-block;width:40px">{html.escape(desc)}</span>'
+            f'{meter}<span>{html.escape(text)}</span></div>')
 
 def _close(widget):
     "Close a widget and all it holds (children, layout, style): each is a comm in the kernel and a model in the browser."
     for part in (*getattr(widget, 'children', ()), getattr(widget, 'layout', None), getattr(widget, 'style', None)):
-        if part is not None:
-            _close(part)
+        if part is not None: _close(part)
     widget.close()
-
 
 def _blank(widget):
     """Empty what the views of a widget and its children show, its Python state unchanged: a widget view taken off the
     page keeps the DOM it held (see `Dashboard._hide_then_replace`). Sent as the widget protocol's state update."""
     import ipywidgets as W
-
-    for child in getattr(widget, 'children', ()):
-        _blank(child)
+    for child in getattr(widget, 'children', ()): _blank(child)
     state = {'description': ''} if getattr(widget, 'description', '') else {}
-    if isinstance(widget, (W.HTML, W.Label)):
-        state['value'] = ''
-    if isinstance(widget, W.Button):
-        state = {'icon': ''}  # its text stays: a button with neither is not redrawn
-    if widget.comm is None:
-        return
+    if isinstance(widget, (W.HTML, W.Label)): state['value'] = ''
+    if isinstance(widget, W.Button): state = {'icon': ''}  # its text stays: a button with neither is not redrawn
+    if widget.comm is None: return
     if isinstance(widget, W.Image):  # bytes travel as a buffer
         widget.comm.send({'method': 'update', 'state': state, 'buffer_paths': [['value']]}, buffers=[b''])
-    elif state:
-        widget.comm.send({'method': 'update', 'state': state, 'buffer_paths': []})
-
+    elif state: widget.comm.send({'method': 'update', 'state': state, 'buffer_paths': []})
 
 def _comm_handled_concurrently():
     "Is this comm message being handled while a cell awaits? ipykernel 7 then runs it beside the cell, with no status."
     frame = sys._getframe(1)
     while frame is not None:
-        if frame.f_code.co_name == 'dispatch_shell':
-            return frame.f_locals.get('concurrent') is True
+        if frame.f_code.co_name == 'dispatch_shell': return frame.f_locals.get('concurrent') is True
         frame = frame.f_back
     return False
-
 
 def _ack_concurrent_update():
     """Send the idle status a value update handled beside an awaiting cell lacks. The front end's widget model sends one
@@ -225,63 +159,36 @@ def _ack_concurrent_update():
     during `await learn.fit_async(...)` would ever reach the kernel (button clicks are not held: they always arrive)."""
     kernel = getattr(sys.modules.get('ipykernel.kernelbase'), 'Kernel', None)
     kernel = kernel.instance() if kernel is not None and kernel.initialized() else None
-    if kernel is not None and _comm_handled_concurrently():
-        kernel._publish_status('idle', 'shell')
-
+    if kernel is not None and _comm_handled_concurrently(): kernel._publish_status('idle', 'shell')
 
 def _lr_field(**kwargs):
     "A `FloatText` whose every edit reaches the kernel, a cell awaiting or not."
     import ipywidgets as W
-
     class LRField(W.FloatText):
         def _handle_msg(self, msg):
-            try:
-                super()._handle_msg(msg)
-            finally:
-                _ack_concurrent_update()
-
+            try: super()._handle_msg(msg)
+            finally: _ack_concurrent_update()
     return LRField(**kwargs)
-
 
 def _describe_request(step, action, value):
     "One entry of `Controls.log` in words."
-    if action == 'lr':
-        return f'lr {value:.3g} from step {step}'
-    if action == 'save':
-        return f'saved {Path(value).name} at step {step}' if value else f'no checkpoint at step {step}'
-    if action == 'stop':
-        return f'{value} at step {step}'
+    if action == 'lr': return f'lr {value:.3g} from step {step}'
+    if action == 'save': return f'saved {Path(value).name} at step {step}' if value else f'no checkpoint at step {step}'
+    if action == 'stop': return f'{value} at step {step}'
     return f'{action}d at step {step}'  # paused, resumed
 
-
 _VIEWS = ('widgets', 'html')
-_HTML_HINT = (
-    'Controls, from any cell while the fit runs in the background: <code>learn.controls.pause()</code>, '
-    '<code>.resume()</code>, <code>.set_lr(lr)</code>, <code>.save()</code>, <code>.stop()</code>'
-)
-
+_HTML_HINT = ('Controls, from any cell while the fit runs in the background: <code>learn.controls.pause()</code>, '
+              '<code>.resume()</code>, <code>.set_lr(lr)</code>, <code>.save()</code>, <code>.stop()</code>')
 
 class Dashboard(Callback):
     "Bars, live figure beside the latest evaluations, and controls in one widget; replaced by a static summary when the fit ends."
-
     order = Order.DISPLAY
     side_effects = main_process_only = True  # it draws and takes clicks; under DDP rank 0 alone does
 
-    def __init__(
-        self,
-        refresh=0.2,
-        every=1.0,
-        path=None,
-        max_share=0.02,
-        plot=True,
-        theme=None,
-        table_rows=8,
-        snapshot_every=2.0,
-        display='widgets',
-        html_every=1.0,
-    ):
-        if display not in _VIEWS:
-            raise ValueError(f"Dashboard(display=) must be 'widgets' or 'html', got {display!r}")
+    def __init__(self, refresh=0.2, every=1.0, path=None, max_share=0.02, plot=True, theme=None, table_rows=8,
+                 snapshot_every=2.0, display='widgets', html_every=1.0):
+        if display not in _VIEWS: raise ValueError(f"Dashboard(display=) must be 'widgets' or 'html', got {display!r}")
         self.widgets, self.html_every = display == 'widgets', html_every
         self.bars = _Bars(self, refresh)
         self.plot = _Plot(self, every=every, path=path, max_share=max_share, theme=theme) if plot else None
@@ -294,8 +201,7 @@ class Dashboard(Callback):
         self._carry = self._fork_request = None  # a fork asked from this dashboard, and what the branch takes over
 
     def _run(self, event):
-        for _, method in self._tables[self.learn.training][event]:
-            method()
+        for _, method in self._tables[self.learn.training][event]: method()
 
     # ---- the widget ----
     def _build(self):
@@ -306,58 +212,38 @@ class Dashboard(Callback):
         self._context = contextvars.copy_context()  # the calling cell's: a branch started from here trains in it
         self.can_fork = self.widgets and self.live and getattr(learn, 'keeps_fork_points', lambda: False)()
         self._fork_buttons, self._shown_steps = [], []  # a fork control beside each shown row, and the rows' steps
-        self._seen_cbs = list(
-            learn.cbs
-        )  # the Learner's and this fit's own (a schedule, say): a branch takes the latter
+        self._seen_cbs = list(learn.cbs)  # the Learner's and this fit's own (a schedule, say): a branch takes the latter
         self._log_start = len(controls.log) if controls is not None else 0  # this fit's requests start here
         self.png, self.png_width, self.status_text = None, None, ''  # what the views show: the widgets or the HTML
-        self.html_view = (
-            not self.widgets
-        )  # shown as HTML: asked for, or the front end turned out to have no widget manager
+        self.html_view = not self.widgets  # shown as HTML: asked for, or the front end turned out to have no widget manager
         self._changed, self._snapshot_at, self.built = True, time.perf_counter(), True
-        if self.widgets:
-            return self._build_widgets()
+        if self.widgets: return self._build_widgets()
         if self.handles:  # a branch's carried output (widgets only, today): updated in place
-            for handle in self.handles:
-                handle.update(self._live_bundle(), raw=True)
+            for handle in self.handles: handle.update(self._live_bundle(), raw=True)
         elif in_jupyter():
             from IPython.display import display
-
             self.handles.append(display(self._live_bundle(), raw=True, display_id=True))
 
     def _build_widgets(self):
         import ipywidgets as W  # lazy: only in a notebook
-
         learn, controls = self.learn, self.controls
         n_bars = 3 if learn.valid_dl is not None else 2  # epoch, train, valid: their space kept from the start
         self._bar_widgets, self.bar_box = {}, W.VBox(layout=W.Layout(min_height=f'{n_bars * _BAR_PX}px'))
-        self.stop_button = W.Button(
-            description='Stop', icon='stop', button_style='danger', tooltip='end the fit after this batch'
-        )
+        self.stop_button = W.Button(description='Stop', icon='stop', button_style='danger', tooltip='end the fit after this batch')
         self.pause_button = W.Button(description='Pause', icon='pause', tooltip='hold at the next step')
-        self.save_button = W.Button(
-            description='Save', icon='save', tooltip='write a checkpoint at the next step (at once while paused)'
-        )
-        self.lr_box = _lr_field(
-            value=learn.lr, description='LR', continuous_update=False, layout=W.Layout(width='170px')
-        )
-        self.lr_button = W.Button(
-            description='Set LR', tooltip='use this learning rate from the next step (or press Enter in the field)'
-        )
+        self.save_button = W.Button(description='Save', icon='save', tooltip='write a checkpoint at the next step (at once while paused)')
+        self.lr_box = _lr_field(value=learn.lr, description='LR', continuous_update=False, layout=W.Layout(width='170px'))
+        self.lr_button = W.Button(description='Set LR', tooltip='use this learning rate from the next step (or press Enter in the field)')
         self.status = W.Label()
         self.status.add_class('nbtrainer-status')
         self.hint = W.HTML() if self.live else W.HTML(f'<i>{_HINT}</i>')
         self._key = f'nbtrainer-snapshot-{id(self):x}-{learn.fit_start[1]}'  # this fit's saved snapshot
         # The live widget hides the snapshot below it (a saved notebook without the widget shows it); bar text stays on
         # one line, so that a long postfix never makes the bar taller.
-        style = W.HTML(
-            f'<style>.{self._key}{{display:none}} .nbtrainer-dashboard .widget-html-content'
-            f'{{white-space:nowrap;overflow:hidden}}</style>',
-            layout=W.Layout(display='none'),
-        )
+        style = W.HTML(f'<style>.{self._key}{{display:none}} .nbtrainer-dashboard .widget-html-content'
+                       f'{{white-space:nowrap;overflow:hidden}}</style>', layout=W.Layout(display='none'))
         self.buttons = (self.stop_button, self.pause_button, self.save_button, self.lr_box, self.lr_button)
-        for b in self.buttons:
-            b.disabled = not self.live
+        for b in self.buttons: b.disabled = not self.live
         if self.live:
             self.stop_button.on_click(self._on_stop)
             self.pause_button.on_click(self._on_pause)
@@ -366,16 +252,10 @@ class Dashboard(Callback):
             self.lr_box.observe(self._on_lr, names='value')  # Enter (or leaving the field) applies it
             controls.listeners.append(self._on_request)  # feedback while the loop is held, too
         width, height = self._figure_size()  # its slot kept from the start, shown with the first frame
-        self.image = W.Image(
-            format='png', layout=W.Layout(width=f'{width}px', height=f'{height}px', visibility='hidden')
-        )
-        self.table = W.HTML(
-            layout=W.Layout(
-                margin='0 0 0 12px',
-                min_height=f'{(self.table_rows + 1) * _ROW_PX}px',
-                min_width=f'{self._table_width()}px',
-            )
-        )  # beside the figure or below it
+        self.image = W.Image(format='png', layout=W.Layout(width=f'{width}px', height=f'{height}px',
+                                                           visibility='hidden'))
+        self.table = W.HTML(layout=W.Layout(margin='0 0 0 12px', min_height=f'{(self.table_rows + 1) * _ROW_PX}px',
+                                            min_width=f'{self._table_width()}px'))  # beside the figure or below it
         table = W.HBox([self.table, self._fork_column()]) if self.can_fork else self.table
         view = W.HBox([self.image, table], layout=W.Layout(flex_flow='row wrap', align_items='flex-start'))
         carried = [W.HTML(''.join(html_ for html_, _ in self.ancestors))] if self.ancestors else []
@@ -383,50 +263,37 @@ class Dashboard(Callback):
         self.widget.add_class('nbtrainer-dashboard')
         self.widget.add_class(f'{self._key}-live')  # hidden when the summary takes its place
         if self.handles:  # a branch forked from this dashboard: it takes the parent's place in the same output
-            for handle in self.handles:
-                handle.update(widget_bundle(self.widget, _LIVE_TEXT), raw=True)
-            if self.snapshot is not None:
-                self.snapshot.update(self._snapshot(), raw=True)
+            for handle in self.handles: handle.update(widget_bundle(self.widget, _LIVE_TEXT), raw=True)
+            if self.snapshot is not None: self.snapshot.update(self._snapshot(), raw=True)
         elif in_jupyter():
             self.handles.append(display_widget(self.widget, _LIVE_TEXT))
             from IPython.display import display
-
             self.snapshot = display(self._snapshot(), raw=True, display_id=True)
         self.widget.comm.on_close(self._on_front_end_close)
 
     def _on_front_end_close(self, _message):
         """The front end closed the widget's comm while the fit runs: it has no widget manager (JupyterLab without the
         ipywidgets extension closes every widget it is sent). The same output shows the HTML dashboard from then on."""
-        if self.summary is None:
-            self.html_view = self._changed = True
+        if self.summary is None: self.html_view = self._changed = True
 
     def _table_width(self):
         "The table's width (px) with the columns a fit's rows usually have: it takes its place before the first row."
         learn = self.learn
-        keys = [
-            'epoch',
-            'step',
-            'train_loss',
-            *(['valid_loss', *map(metric_name, learn.metrics)] if learn.valid_dl is not None else []),
-            'lr',
-            'time',
-        ]
+        keys = ['epoch', 'step', 'train_loss', *(['valid_loss', *map(metric_name, learn.metrics)] if learn.valid_dl
+                                                 is not None else []), 'lr', 'time']
         return sum(_cell_width(k) for k in keys)
 
     def _figure_size(self):
         "The figure's size on the page (CSS px): the live plot's figure, or a new figure's default size."
         from nbtrainer.plotting import DISPLAY_DPI, display_size, new_figure
-
         fig = getattr(self.plot, 'fig', None)
-        if fig is not None:
-            return display_size(fig)
+        if fig is not None: return display_size(fig)
         return tuple(round(v * DISPLAY_DPI) for v in inspect.signature(new_figure).parameters['size'].default)
 
     def _live_bundle(self):
         "The fit so far as plain HTML (status, bars, figure, table): the HTML dashboard, and the widgets' snapshot."
-        bundle = self._bundle(
-            f'Fit running: {self.status_text or "starting"}', bars=True, rows=self.rows[-self.table_rows :]
-        )  # the same bytes each time, however long the fit
+        bundle = self._bundle(f'Fit running: {self.status_text or "starting"}', bars=True,
+                              rows=self.rows[-self.table_rows:])  # the same bytes each time, however long the fit
         if self.html_view and self.live and self.controls is not None:
             bundle['text/html'] += f'<p style="margin:4px 0;font-size:12px"><i>{_HTML_HINT}</i></p>'
         return bundle
@@ -441,36 +308,29 @@ class Dashboard(Callback):
         """Refresh the HTML: the dashboard itself every `html_every` s, or the widgets' hidden snapshot every
         `snapshot_every` s when something changed (bars alone do not count: the live widgets show them)."""
         if self.html_view:
-            if now - self._snapshot_at < self.html_every:
-                return
+            if now - self._snapshot_at < self.html_every: return
             if self.snapshot is not None:  # widgets that never showed: the dashboard's own output shows the HTML
                 self.snapshot.update({'text/plain': ''}, raw=True)
                 self.snapshot = None
             self._snapshot_at = now
-            for handle in self.handles:
-                handle.update(self._live_bundle(), raw=True)
+            for handle in self.handles: handle.update(self._live_bundle(), raw=True)
             return
-        if self.snapshot is None or not self._changed or now - self._snapshot_at < self.snapshot_every:
-            return
+        if self.snapshot is None or not self._changed or now - self._snapshot_at < self.snapshot_every: return
         self._snapshot_at, self._changed = now, False
         self.snapshot.update(self._snapshot(), raw=True)
 
     def _place_bar(self, slot, container):
         "Put a bar's widget in its slot (epoch, train, valid: in that order), or empty the slot (None)."
         old = self._bar_widgets.pop(slot, None)
-        if container is not None:
-            self._bar_widgets[slot] = container
+        if container is not None: self._bar_widgets[slot] = container
         self.bar_box.children = [self._bar_widgets[s] for s in ('epoch', 'train', 'valid') if s in self._bar_widgets]
-        if old is not None:
-            _close(old)  # the bar, its labels and their styles: not only the box
+        if old is not None: _close(old)  # the bar, its labels and their styles: not only the box
 
     def _show_frame(self, png, fig):
         from nbtrainer.plotting import display_size
-
         width, height = display_size(fig)
         self.png, self.png_width, self._changed = png, f'{width}px', True
-        if not self.widgets:
-            return
+        if not self.widgets: return
         self.image.value = png
         if self.image.layout.visibility == 'hidden':  # the first frame: shown in its slot, at the figure's display size
             layout = self.image.layout
@@ -481,25 +341,21 @@ class Dashboard(Callback):
         in the browser (each closed row view kept its DOM: about 170 nodes an evaluation); a new value only replaces."""
         self.rows.append(row)
         self._changed = True
-        if not self.widgets:
-            return
+        if not self.widgets: return
         keys = list(dict.fromkeys(k for r in self.rows for k in r))
-        self.table.value = _table_html(self.rows[-self.table_rows :], keys)
-        self._shown_steps = [r['step'] for r in self.rows[-self.table_rows :]]
-        if self.can_fork:
-            self._enable_forks(self.controls.paused)
+        self.table.value = _table_html(self.rows[-self.table_rows:], keys)
+        self._shown_steps = [r['step'] for r in self.rows[-self.table_rows:]]
+        if self.can_fork: self._enable_forks(self.controls.paused)
 
     def _fork_column(self):
         "A fork control beside each of the table's rows (the i-th beside the i-th row), usable while paused."
         import ipywidgets as W
-
         def button(i):
             b = W.Button(description='fork', disabled=True, layout=W.Layout(visibility='hidden', **_FORK_BUTTON))
             b.add_class('nbtrainer-fork')
             b.style.font_size = '11px'
             b.on_click(lambda _: self._on_fork(self._shown_steps[i]))
             return b
-
         self._fork_buttons = [button(i) for i in range(self.table_rows)]
         header = W.Box(layout=W.Layout(height=f'{_ROW_PX}px', min_height=f'{_ROW_PX}px'))  # beside the table's header
         return W.VBox([header, *self._fork_buttons], layout=W.Layout(margin='0'))
@@ -517,23 +373,21 @@ class Dashboard(Callback):
             button.disabled = step not in kept
             button.tooltip = f"fork at step {step}: back to that evaluation, on with the LR field's lr" if step else ''
 
+
     def _show_status(self):
         learn = self.learn
         planned = f' of {learn.fit_start[1] + learn.n_steps}' if learn.n_steps else ''
         lr = '' if 'lr' in learn.status else f' · lr {learn.opt.param_groups[-1]["lr"]:.3g}'  # the base lr
         extras = ''.join(f' · {k} {v}' for k, v in learn.status.items())
         self.status_text = f'step {learn.step}{planned}{lr}{extras}'
-        if self.widgets:
-            self.status.value = self.status_text
+        if self.widgets: self.status.value = self.status_text
 
     def _on_request(self):
         "A request carried out: the status line says so; a pause or a resume redraws the figure where the fit stands."
         self._show_status()
         action = self.controls.log[-1][1]
-        if action in ('pause', 'resume', 'stop'):
-            self._enable_forks(action == 'pause')
-        if self.plot is not None and action in ('pause', 'resume'):
-            self.plot.render()
+        if action in ('pause', 'resume', 'stop'): self._enable_forks(action == 'pause')
+        if self.plot is not None and action in ('pause', 'resume'): self.plot.render()
         self._changed = True  # the snapshot says it at its next refresh: no extra work while requests are handled
 
     # ---- button handlers: main thread, they only set flags and touch their own button ----
@@ -552,11 +406,8 @@ class Dashboard(Callback):
     def _on_fork(self, step):
         "End this fit, then fork at `step` and train the rest of the same fit with the LR field's lr, as a branch."
         from nbtrainer.plotting import history_curves
-
-        if self._fork_request is not None or not self.controls.paused:
-            return
-        try:
-            lr = hyperparameter('lr', self.lr_box.value)
+        if self._fork_request is not None or not self.controls.paused: return
+        try: lr = hyperparameter('lr', self.lr_box.value)
         except ValueError as e:
             self.hint.value = f'<b>{html.escape(str(e))}</b>'
             return
@@ -570,70 +421,44 @@ class Dashboard(Callback):
         "In a thread of the parent's cell, once the parent fit has ended: fork, then the same fit with the new lr."
         learn = self.learn
         learn.wait_for_fit()
-        try:
-            learn.fork(step)
+        try: learn.fork(step)
         except Exception as e:  # e.g. the state was dropped by a keep rule meanwhile: said where the branch would be
             failed = f'<p style="margin:4px 0"><b>Fork at step {step} failed: {html.escape(str(e))}</b></p>'
-            for handle in carry[0]:
-                handle.update(
-                    {
-                        'text/html': self.static['text/html'] + failed,
-                        'text/plain': f'{self.static["text/plain"]}\nFork failed: {e}',
-                    },
-                    raw=True,
-                )
+            for handle in carry[0]: handle.update({'text/html': self.static['text/html'] + failed,
+                                                   'text/plain': f'{self.static["text/plain"]}\nFork failed: {e}'}, raw=True)
             return
         self._carry = carry
-        try:
-            asyncio.run(learn.fit_async(**learn.progress.call, cbs=self._fit_cbs(), lr=lr))
-        except BaseException:
-            pass  # its own summary, in this output, says how it ended
+        try: asyncio.run(learn.fit_async(**learn.progress.call, cbs=self._fit_cbs(), lr=lr))
+        except BaseException: pass  # its own summary, in this output, says how it ended
 
     def _fit_cbs(self):
         "The callbacks given to the fit this dashboard showed (`fit_async(cbs=...)`): its branch continues with them."
-        return [
-            cb
-            for cb in self._seen_cbs
-            if cb not in self.learn.cbs and not isinstance(cb, Controls) and not type(cb).__name__.startswith('_')
-        ]  # not the controls and helpers fit_async adds itself
+        return [cb for cb in self._seen_cbs if cb not in self.learn.cbs and not isinstance(cb, Controls)
+                and not type(cb).__name__.startswith('_')]  # not the controls and helpers fit_async adds itself
 
     def _on_lr(self, _):
         try:
             self.controls.set_lr(self.lr_box.value)
             self.hint.value = ''
-        except ValueError as e:
-            self.hint.value = f'<b>{html.escape(str(e))}</b>'
+        except ValueError as e: self.hint.value = f'<b>{html.escape(str(e))}</b>'
 
     # ---- events ----
     def before_fit(self):
-        for part in self.parts:
-            part.learn = self.learn
+        for part in self.parts: part.learn = self.learn
         carry, self._carry = self._carry, None
         handles, self.ancestors, parent, self.snapshot = carry if carry is not None else ([], [], None, None)
-        if self.plot is not None:
-            self.plot.parent_curves = parent  # the parent run, faint behind the branch
+        if self.plot is not None: self.plot.parent_curves = parent  # the parent run, faint behind the branch
         self.rows, self.handles, self.summary, self._last = [], handles, None, time.perf_counter()
         self._start = self._last
         self._build()
         self._run('before_fit')
 
-    def before_train(self):
-        self._run('before_train')
-
-    def after_train(self):
-        self._run('after_train')
-
-    def before_validate(self):
-        self._run('before_validate')
-
-    def after_validate(self):
-        self._run('after_validate')
-
-    def after_eval(self):
-        self._run('after_eval')
-
-    def after_epoch(self):
-        self._run('after_epoch')
+    def before_train(self): self._run('before_train')
+    def after_train(self): self._run('after_train')
+    def before_validate(self): self._run('before_validate')
+    def after_validate(self): self._run('after_validate')
+    def after_eval(self): self._run('after_eval')
+    def after_epoch(self): self._run('after_epoch')
 
     def after_batch(self):
         self._run('after_batch')
@@ -644,8 +469,7 @@ class Dashboard(Callback):
             self._update_view(now)
 
     def after_fit(self):
-        if not self.built:
-            return  # the fit failed before the dashboard was built
+        if not self.built: return  # the fit failed before the dashboard was built
         learn = self.learn
         try:
             self._run('after_fit')
@@ -657,38 +481,30 @@ class Dashboard(Callback):
             self.static = self._static()
             self._end_views()
             self._start_branch()
-            if learn.fit_outcome == 'interrupted' and in_jupyter():
-                brief_traceback(learn.fit_exception, learn)
+            if learn.fit_outcome == 'interrupted' and in_jupyter(): brief_traceback(learn.fit_exception, learn)
 
     def _start_branch(self):
         "A fork asked while paused: its branch starts once this fit has ended, in this output, below this fit's summary."
         request, self._fork_request = self._fork_request, None
-        if request is None or self.learn.fit_outcome != 'stopped':
-            return
+        if request is None or self.learn.fit_outcome != 'stopped': return
         step, lr, curves = request
         own = self._static(ancestors=False)
         carry = (list(self.handles), [*self.ancestors, (own['text/html'], own['text/plain'])], curves, self.snapshot)
-        threading.Thread(
-            target=self._context.run, args=(self._train_branch, step, lr, carry), name='nbtrainer-fork', daemon=True
-        ).start()
+        threading.Thread(target=self._context.run, args=(self._train_branch, step, lr, carry), name='nbtrainer-fork',
+                         daemon=True).start()
 
     def _end_views(self):
         """Every view of the widget gives way to the static summary, its controls gone: the displayed outputs become the
         summary, and the widget holds it too, for a view the display handles cannot reach."""
-        if self.widgets and not self.html_view and self.handles and self.snapshot is not None:
-            self._hide_then_replace()
+        if self.widgets and not self.html_view and self.handles and self.snapshot is not None: self._hide_then_replace()
         else:
-            for handle in self.handles:
-                handle.update(self.static, raw=True)
+            for handle in self.handles: handle.update(self.static, raw=True)
         if self.widgets:  # after the outputs: where they replaced every view, no view is made of the summary
             import ipywidgets as W
-
             old = list(self.widget.children)
             self.widget.children = [W.HTML(self.static['text/html'])]
-            for child in old:
-                _close(child)  # closing frees the widgets' comms
-        if self.snapshot is not None:
-            self.snapshot.update({'text/plain': ''}, raw=True)  # the summary replaced it
+            for child in old: _close(child)  # closing frees the widgets' comms
+        if self.snapshot is not None: self.snapshot.update({'text/plain': ''}, raw=True)  # the summary replaced it
 
     def _hide_then_replace(self):
         """Replace the live widget by the summary without leaving its views' DOM in the browser. ipywidgets' front end
@@ -697,24 +513,17 @@ class Dashboard(Callback):
         just below it, in one change on the page (its stylesheet hides the widget); the hidden views are emptied; then
         the widget's own output gets the summary and hides the snapshot's copy, again in one change."""
         first, *others = self.handles  # the output above the snapshot, and views shown again by `show`
-        for handle in others:
-            handle.update(self.static, raw=True)
+        for handle in others: handle.update(self.static, raw=True)
         end, html_ = f'{self._key}-end', self.static['text/html']
-        self.snapshot.update(
-            {
-                **self.static,
-                'text/html': f'<style>.{self._key}-live{{display:none}}</style><div class="{end}">{html_}</div>',
-            },
-            raw=True,
-        )
+        self.snapshot.update({**self.static, 'text/html': f'<style>.{self._key}-live{{display:none}}</style>'
+                                                          f'<div class="{end}">{html_}</div>'}, raw=True)
         _blank(self.widget)
         first.update({**self.static, 'text/html': f'<style>.{end}{{display:none}}</style>{html_}'}, raw=True)
 
     def _requests(self):
         "What the controls carried out during this fit, in one line."
-        if self.controls is None:
-            return ''
-        return ' · '.join(_describe_request(*entry) for entry in self.controls.log[self._log_start :])
+        if self.controls is None: return ''
+        return ' · '.join(_describe_request(*entry) for entry in self.controls.log[self._log_start:])
 
     def _static(self, ancestors=True):
         "A plain output bundle: kept by a saved notebook, unlike widgets; the runs this one was forked from above it."
@@ -729,52 +538,38 @@ class Dashboard(Callback):
             n_bars = 3 if learn.valid_dl is not None else 2
             shown = ''.join(_bar_html(desc, bar) for desc, bar in self.bars.shown())
             parts.append(f'<div class="nbtrainer-bars" style="min-height:{n_bars * 20}px">{shown}</div>')
-        if requests:
-            parts.append(f'<p style="margin:4px 0;font-size:12px">Requests: {html.escape(requests)}</p>')
+        if requests: parts.append(f'<p style="margin:4px 0;font-size:12px">Requests: {html.escape(requests)}</p>')
         figure = ''
         if self.png:
             width = self.png_width
-            figure = (
-                f'<img style="width:{width};max-width:100%" width="{width[:-2]}" '
-                f'src="data:image/png;base64,{base64.b64encode(self.png).decode()}"/>'
-            )
+            figure = (f'<img style="width:{width};max-width:100%" width="{width[:-2]}" '
+                      f'src="data:image/png;base64,{base64.b64encode(self.png).decode()}"/>')
         table = f'<div style="max-height:320px;overflow-y:auto">{_table_html(rows)}</div>' if rows else ''
         parts.append(f'<div style="display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start">{figure}{table}</div>')
         if self.summary is not None and learn.fit_outcome == 'failed':  # never a past fit's failure mid-fit
             trace = ''.join(traceback.format_exception(learn.fit_exception))
             parts.append(f'<details><summary>Traceback</summary><pre>{html.escape(trace)}</pre></details>')
         keys = list(dict.fromkeys(k for row in rows for k in row))
-        text = '\n'.join(
-            [
-                *(text for _, text in carried),
-                headline,
-                *([f'Requests: {requests}'] if requests else []),
-                *([format_header(keys)] if keys else []),
-                *(format_row(r, keys) for r in rows),
-            ]
-        )
+        text = '\n'.join([*(text for _, text in carried), headline, *([f'Requests: {requests}'] if requests else []),
+                          *([format_header(keys)] if keys else []), *(format_row(r, keys) for r in rows)])
         return {'text/html': '\n'.join(parts), 'text/plain': text}
 
     def show(self):
         "Display this dashboard again in the current cell: live while its fit runs (controls working), else its summary."
         from IPython.display import display
-
         if self.summary is None and self.built and self.html_view:  # one more HTML output, refreshed with the others
             self.handles.append(display(self._live_bundle(), raw=True, display_id=True))
         elif self.summary is None and self.built:
             self.handles.append(display_widget(self.widget, _LIVE_TEXT))  # the same widget: every view updates
         elif self.summary is not None:
             display(self.static, raw=True)
-            if self.can_fork and self.learn.fork_steps():
-                self._fork_bar()
-        else:
-            raise ValueError('this dashboard has not shown a fit yet')
+            if self.can_fork and self.learn.fork_steps(): self._fork_bar()
+        else: raise ValueError('this dashboard has not shown a fit yet')
 
     def _fork_bar(self):
         "After the fit: fork at a kept evaluation and train the rest of that fit as a branch, whose dashboard replaces this bar."
         import ipywidgets as W
         from nbtrainer.plotting import history_curves
-
         steps = self.learn.fork_steps()
         pick = W.Dropdown(options=steps, value=steps[-1], description='fork at', layout=W.Layout(width='170px'))
         lr_box = _lr_field(value=self.learn.lr, description='lr', layout=W.Layout(width='170px'))
@@ -782,23 +577,16 @@ class Dashboard(Callback):
         bar = W.HBox([pick, lr_box, button, note])
         bar.add_class('nbtrainer-fork-bar')
         handle = display_widget(bar, 'Fork controls (live while the kernel runs)')
-
         def fork(_):
-            try:
-                lr = hyperparameter('lr', lr_box.value)
+            try: lr = hyperparameter('lr', lr_box.value)
             except ValueError as e:
                 note.value = f'<b>{html.escape(str(e))}</b>'
                 return
             button.disabled = True
             carry = ([handle], [], history_curves(self.learn.recorder), None)  # this fit's summary keeps its output
             # the bar is not closed: JupyterLab hides an output whose first widget closes, whatever replaced it
-            threading.Thread(
-                target=contextvars.copy_context().run,
-                args=(self._train_branch, pick.value, lr, carry),
-                name='nbtrainer-fork',
-                daemon=True,
-            ).start()
-
+            threading.Thread(target=contextvars.copy_context().run, args=(self._train_branch, pick.value, lr, carry),
+                             name='nbtrainer-fork', daemon=True).start()
         button.on_click(fork)
 
 # %% ../nbs/17_dashboard.ipynb #1644a037
@@ -807,15 +595,12 @@ def dashboard(learn):
     "Show the dashboard of the fit running on this Learner, live with working controls (after a browser reload, say); after a fit, its summary."
     dash = next((cb for cb in learn.cbs if isinstance(cb, Dashboard)), None)
     if dash is None:
-        raise ValueError(
-            'this Learner has no dashboard: in Jupyter, Learner(..., progress=True) adds one (unless '
-            'dashboard=False), or pass cbs=[Dashboard()]'
-        )
+        raise ValueError('this Learner has no dashboard: in Jupyter, Learner(..., progress=True) adds one (unless '
+                         'dashboard=False), or pass cbs=[Dashboard()]')
     dash.show()
 
 # %% ../nbs/17_dashboard.ipynb #34375005
 DISPLAYS = ('widgets', 'html', 'text')
-
 
 def display_kind(display=None):
     "The display asked for by `display=`, else by $NBTRAINER_DISPLAY, else the one that fits where the code runs."
@@ -823,20 +608,15 @@ def display_kind(display=None):
     if asked is not None and asked not in ('auto', *DISPLAYS):
         source = 'Learner(display=)' if display is not None else 'the environment variable NBTRAINER_DISPLAY'
         raise ValueError(f"{source} must be 'widgets', 'html', 'text' or 'auto', got {asked!r}")
-    if not in_jupyter():
-        return 'text'  # a terminal or a script
-    if asked in (None, 'auto'):
-        return 'widgets' if importlib.util.find_spec('ipywidgets') else 'html'
+    if not in_jupyter(): return 'text'  # a terminal or a script
+    if asked in (None, 'auto'): return 'widgets' if importlib.util.find_spec('ipywidgets') else 'html'
     return asked
-
 
 @fills('display')  # what Learner(progress=True) shows
 def progress_display(dashboard=True, display=None):
     """The display `Learner(progress=True)` installs: in Jupyter the `Dashboard` as widgets or as HTML (plain bars with
     `dashboard=False`), text bars in a terminal, a script, or with `display='text'`."""
     kind = display_kind(display)
-    if kind == 'text':
-        return ProgressCallback(file=sys.stdout if in_jupyter() else None)
-    if not dashboard:
-        return ProgressCallback() if kind == 'widgets' else ProgressCallback(file=sys.stdout)
+    if kind == 'text': return ProgressCallback(file=sys.stdout if in_jupyter() else None)
+    if not dashboard: return ProgressCallback() if kind == 'widgets' else ProgressCallback(file=sys.stdout)
     return Dashboard(display=kind)

@@ -19,10 +19,8 @@ from .progress import in_jupyter
 class Frames:
     """PNG frames of a figure whose lines change, drawn in layers: what changes with the y ranges (the legend, the y
     ticks and labels, the frame) only when they change, the x axis only when the x range changes, the lines always."""
-
     def __init__(self, fig):
         from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: no matplotlib until a fit draws
-
         self.fig, self.canvas = fig, FigureCanvasAgg(fig)
         self.static = self.background = self.static_key = self.x_key = self.legend = None
         self.full_draws = self.x_draws = 0
@@ -30,7 +28,6 @@ class Frames:
     def png(self):
         "Draw the current state and encode it (256 colours, fast zlib level: frames are soon replaced)."
         import PIL.Image
-
         fig, canvas = self.fig, self.canvas
         lines = [line for ax in fig.axes for line in ax.lines]
         static_key, x_key = [(ax, ax.get_ylim()) for ax in fig.axes], [ax.get_xlim() for ax in fig.axes]
@@ -38,49 +35,38 @@ class Frames:
             xaxes = [ax.xaxis for ax in fig.axes]
             legend = fig.legends[0] if fig.legends else None
             kept = self.legend is not None and self.legend[0] is legend  # the same legend: its pixels, not its layout
-            for artist in (*lines, *xaxes, *([legend] if kept else [])):
-                artist.set_animated(True)
+            for artist in (*lines, *xaxes, *([legend] if kept else [])): artist.set_animated(True)
             canvas.draw()
-            for artist in (*xaxes, *([legend] if kept else [])):
-                artist.set_animated(False)
-            if kept:
-                canvas.restore_region(self.legend[1])
-            elif legend is not None:
-                self.legend = legend, canvas.copy_from_bbox(legend.get_window_extent())
+            for artist in (*xaxes, *([legend] if kept else [])): artist.set_animated(False)
+            if kept: canvas.restore_region(self.legend[1])
+            elif legend is not None: self.legend = legend, canvas.copy_from_bbox(legend.get_window_extent())
             self.static, self.static_key, self.x_key = canvas.copy_from_bbox(fig.bbox), static_key, None
             self.full_draws += 1
         if x_key != self.x_key:  # the x axes over that: the background the lines are drawn on
             canvas.restore_region(self.static)
             for ax in fig.axes:
-                if ax.xaxis.get_visible():
-                    ax.draw_artist(ax.xaxis)
+                if ax.xaxis.get_visible(): ax.draw_artist(ax.xaxis)
             self.background, self.x_key = canvas.copy_from_bbox(fig.bbox), x_key
             self.x_draws += 1
-        else:
-            canvas.restore_region(self.background)
+        else: canvas.restore_region(self.background)
         for line in lines:
             line.axes.draw_artist(line)
             line.set_animated(False)  # `fig` itself stays a complete figure, e.g. for savefig
         buf = io.BytesIO()
         image = PIL.Image.frombuffer('RGBA', canvas.get_width_height(), canvas.buffer_rgba(), 'raw', 'RGBA', 0, 1)
         # a few flat colours and anti-aliased edges: 256 colours look the same, and encode in half the time, a third the bytes
-        image.convert('RGB').quantize(256, method=PIL.Image.Quantize.FASTOCTREE).save(
-            buf, format='png', compress_level=1
-        )
+        image.convert('RGB').quantize(256, method=PIL.Image.Quantize.FASTOCTREE).save(buf, format='png', compress_level=1)
         return buf.getvalue()
-
 
 def nice_limit(x):
     "The smallest of 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 (x 10^n) that is >= `x`: an axis end the data fills 3/4 or more of."
-    if x <= 0:
-        return 1
+    if x <= 0: return 1
     scale = 10 ** math.floor(math.log10(x))
     return next(m * scale for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10) if m * scale >= x * (1 - 1e-12))
 
 # %% ../nbs/14_liveplot.ipynb #841b5480
 class LivePlot(Callback):
     "Redraw the recorder's curves in place during `fit`: a steady cadence within `max_share` of the fit's time, the final frame included."
-
     order = Order.DISPLAY + 10  # after the progress bars: the frame's cost does not delay them
     run_valid = False  # it redraws between training batches
     side_effects = main_process_only = True  # it draws; under DDP rank 0 alone does
@@ -88,16 +74,8 @@ class LivePlot(Callback):
     first_cost = 0.06  # seconds a frame is assumed to take before one is measured
 
     def __init__(self, every=1.0, path=None, max_share=0.02, x_max=None, theme=None, first=1.0):
-        if not max_share > 0:
-            raise ValueError(f'max_share must be > 0, got {max_share!r}')
-        self.every, self.path, self.max_share, self.x_max, self.theme, self.first = (
-            every,
-            path,
-            max_share,
-            x_max,
-            theme,
-            first,
-        )
+        if not max_share > 0: raise ValueError(f'max_share must be > 0, got {max_share!r}')
+        self.every, self.path, self.max_share, self.x_max, self.theme, self.first = every, path, max_share, x_max, theme, first
         self.fig = self.handle = None
         self.parent_curves = None  # a forked run's parent, drawn faintly behind (`plotting.history_curves`)
         self.render_seconds, self.renders, self.times = 0.0, 0, []
@@ -110,34 +88,24 @@ class LivePlot(Callback):
 
     def before_fit(self):
         self.inline, self.out = self._outputs()
-        if self.out is not None:
-            self.out.parent.mkdir(parents=True, exist_ok=True)
+        if self.out is not None: self.out.parent.mkdir(parents=True, exist_ok=True)
         self.handle = None  # a new output per fit; the figure is kept (building one costs as much as a frame)
         self._ylims = {}
-        self.render_seconds, self.renders, self.times = (
-            0.0,
-            0,
-            [],
-        )  # this fit's rendering cost, and when each frame was drawn
+        self.render_seconds, self.renders, self.times = 0.0, 0, []  # this fit's rendering cost, and when each frame was drawn
         from nbtrainer.plotting import resolve_theme
-
         theme = resolve_theme(self.theme)  # the theme now: the user may have switched it since the last fit
-        if self.fig is not None and self.fig.theme != theme:
-            self.fig = None
+        if self.fig is not None and self.fig.theme != theme: self.fig = None
         if self.fig is None:  # built beside the loop: the first frame of a fresh kernel comes as soon as a later one
             self._ready = threading.Thread(target=self._prepare, args=(theme,), name='nbtrainer-liveplot', daemon=True)
             self._ready.start()
         self._start = self._last = self.clock()  # start of the fit, end of the last render
         self._costs, self._full_costs = [], []  # what this fit's frames cost; those that were full draws
         learn = self.learn  # the metric columns to come: laid out from the first frame, not when the first row arrives
-        self._metrics = (
-            [learn.eval_prefix + metric_name(m) for m in learn.metrics] if learn.valid_dl is not None else []
-        )
+        self._metrics = [learn.eval_prefix + metric_name(m) for m in learn.metrics] if learn.valid_dl is not None else []
 
     def _prepare(self, theme):
         "Import matplotlib, build the figure and draw some text once: most of what makes a cold first frame slow."
         from nbtrainer.plotting import new_figure
-
         fig = new_figure(theme=theme)
         frames = Frames(fig)
         fig.add_subplot().set_xlabel('step')
@@ -153,8 +121,7 @@ class LivePlot(Callback):
 
     def _estimates(self):
         "What the next frame and the final one should cost, from this fit's frames (the first, a cold full draw, costs most)."
-        if not self._costs:
-            return self.first_cost, self.first_cost
+        if not self._costs: return self.first_cost, self.first_cost
         first, later, full = self._costs[0], self._costs[1:], self._full_costs[1:]
         frame = statistics.median(later[-5:]) if later else first / 3  # most frames redraw the lines, or the x axis
         return frame, (statistics.median(full[-3:]) if full else first)  # the final frame: a full draw
@@ -163,20 +130,16 @@ class LivePlot(Callback):
         "Is a frame due now: the first one after `first` s, then the remaining budget spread over the remaining time?"
         total, (frame, final) = self._projected_seconds(now), self._estimates()
         left = self.max_share * total - self.render_seconds  # the budget still to spend, final frame included
-        if self.renders == 0:
-            return now - self._start >= self.first  # always: even a short fit shows a live frame
-        if left < frame + final:
-            return False  # this frame and the final one must both fit
+        if self.renders == 0: return now - self._start >= self.first  # always: even a short fit shows a live frame
+        if left < frame + final: return False  # this frame and the final one must both fit
         frames = (left - final) // frame  # frames still affordable before the final one
         spacing = (total - (self._last - self._start)) / (frames + 1)  # from the last frame to the end, evenly
         return now - self._last >= max(self.every, spacing)
 
     def after_batch(self):
-        if self._due(self.clock()):
-            self.render()
+        if self._due(self.clock()): self.render()
 
-    def after_fit(self):
-        self.render(final=True)  # the final frame, always
+    def after_fit(self): self.render(final=True)  # the final frame, always
 
     def render(self, final=False):
         "Redraw now, timing it for the budget; the `final` frame's axes fit the steps run."
@@ -187,41 +150,32 @@ class LivePlot(Callback):
         self._last = self.clock()
         cost = self._last - start
         self._costs.append(cost)
-        if self.frames.full_draws > full_draws:
-            self._full_costs.append(cost)
+        if self.frames.full_draws > full_draws: self._full_costs.append(cost)
         self.render_seconds += cost
         self.renders += 1
         self.times.append(self._last - self._start)
 
     def _draw(self, final=False):
         from nbtrainer.plotting import new_figure, plot_history
-
         recorder = self.learn.recorder
         recorder.flush()  # read the queued losses: one host sync per redraw
-        if getattr(self, '_ready', None) is not None:
-            self._ready.join()
+        if getattr(self, '_ready', None) is not None: self._ready.join()
         self._ready = None
         if self.fig is None:
             self.fig = new_figure(theme=self.theme)
             self.frames = Frames(self.fig)
         if final:  # laid out as recorder.plot() draws it: axes fitting the data, the steps run
-            for ax in self.fig.axes:
-                ax.set_autoscale_on(True)
+            for ax in self.fig.axes: ax.set_autoscale_on(True)
         plot_history(recorder, fig=self.fig, metrics=self._metrics, parent=self.parent_curves)
-        if self.x_max is not None:
-            self.fig.axes[0].set_xlim(0, self.x_max)
-        if final:
-            return
-        if self.x_max is None:
-            self.fig.axes[0].set_xlim(0, nice_limit(self.fig.axes[0].dataLim.x1))
-        for ax in self.fig.axes:
-            self._sticky_ylim(ax)
+        if self.x_max is not None: self.fig.axes[0].set_xlim(0, self.x_max)
+        if final: return
+        if self.x_max is None: self.fig.axes[0].set_xlim(0, nice_limit(self.fig.axes[0].dataLim.x1))
+        for ax in self.fig.axes: self._sticky_ylim(ax)
 
     def _sticky_ylim(self, ax):
         "Keep an axis's range while the data fits in it and fills half of it: unchanged limits make a frame cheap."
         lo, hi = ax.dataLim.intervaly  # the data's range (plot_history has just run relim)
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            return  # no data yet
+        if not (math.isfinite(lo) and math.isfinite(hi)): return  # no data yet
         if ax.get_yscale() == 'log':  # a loss over decades: the same rule on log10 of the values
             kept = self._sticky(ax, math.log10(lo), math.log10(hi))
             return ax.set_ylim(10 ** kept[0], 10 ** kept[1])
@@ -241,11 +195,7 @@ class LivePlot(Callback):
         if self.inline:
             from IPython.display import display
             from nbtrainer.plotting import figure_image
-
             image = figure_image(self.fig, png)  # 2x pixels shown at their CSS size: sharp
-            if self.handle is None:
-                self.handle = display(image, display_id=True)
-            else:
-                self.handle.update(image)
-        if self.out is not None:
-            self.out.write_bytes(png)
+            if self.handle is None: self.handle = display(image, display_id=True)
+            else: self.handle.update(image)
+        if self.out is not None: self.out.write_bytes(png)

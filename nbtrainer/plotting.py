@@ -23,68 +23,48 @@ DISPLAY_DPI, PIXEL_RATIO = 80, 2  # CSS pixels per inch of figure; rendered pixe
 
 _THEMES = {
     'light': {'figure.facecolor': 'white', 'axes.facecolor': 'white', 'savefig.facecolor': 'white'},
-    'dark': {
-        'figure.facecolor': '#111111',
-        'axes.facecolor': '#111111',
-        'savefig.facecolor': '#111111',  # JupyterLab Dark
-        'text.color': '#dcdcdc',
-        'axes.labelcolor': '#dcdcdc',
-        'xtick.color': '#dcdcdc',
-        'ytick.color': '#dcdcdc',
-        'axes.edgecolor': '#8a8a8a',
-    },
+    'dark': {'figure.facecolor': '#111111', 'axes.facecolor': '#111111', 'savefig.facecolor': '#111111',  # JupyterLab Dark
+             'text.color': '#dcdcdc', 'axes.labelcolor': '#dcdcdc', 'xtick.color': '#dcdcdc', 'ytick.color': '#dcdcdc',
+             'axes.edgecolor': '#8a8a8a'},
 }
 _THEME_SETTINGS = ('@jupyterlab', 'apputils-extension', 'themes.jupyterlab-settings')
-
 
 def jupyter_theme():
     "'dark' or 'light', as JupyterLab's settings name the user's theme (user settings, then the site's overrides); None if they say nothing."
     folder = os.environ.get('JUPYTERLAB_SETTINGS_DIR')
     if folder is None:
-        try:
-            from jupyter_core.paths import jupyter_config_dir
-        except ImportError:
-            return None
+        try: from jupyter_core.paths import jupyter_config_dir
+        except ImportError: return None
         folder = Path(jupyter_config_dir()) / 'lab' / 'user-settings'
     overrides = Path(sys.prefix) / 'share' / 'jupyter' / 'lab' / 'settings' / 'overrides.json'
     for path in (Path(folder).joinpath(*_THEME_SETTINGS), overrides):
-        try:
-            text = path.read_text()
-        except OSError:
-            continue
+        try: text = path.read_text()
+        except OSError: continue
         found = re.search(r'"theme"\s*:\s*"([^"]*)"', text)  # the files are JSON5: comments, so no json.loads
-        if found:
-            return 'dark' if 'dark' in found.group(1).lower() else 'light'
+        if found: return 'dark' if 'dark' in found.group(1).lower() else 'light'
     return None
-
 
 def resolve_theme(theme=None):
     "`theme` if given ('light' or 'dark'); else JupyterLab's in a Jupyter kernel; else 'light'."
     if theme is not None:
-        if theme not in _THEMES:
-            raise ValueError(f"theme must be 'light', 'dark' or None, got {theme!r}")
+        if theme not in _THEMES: raise ValueError(f"theme must be 'light', 'dark' or None, got {theme!r}")
         return theme
     return (jupyter_theme() if in_jupyter() else None) or 'light'
-
 
 def new_figure(size=(7, 3.5), theme=None):
     "A bare matplotlib `Figure` of `size` inches (shown at 80 CSS px an inch, drawn at 2x), in the theme's colours."
     import matplotlib
     from matplotlib.figure import Figure  # a bare Figure needs no GUI backend: safe in scripts and servers
-
     theme = resolve_theme(theme)
     with matplotlib.rc_context(_THEMES[theme]):
         fig = Figure(figsize=size, dpi=DISPLAY_DPI * PIXEL_RATIO)  # no constrained layout: it doubles the render time
     fig.theme = theme  # the colours of the artists drawn into it later
     return fig
 
-
 def theme_context(fig):
     "A context in which new artists of `fig` take its theme's colours."
     import matplotlib
-
     return matplotlib.rc_context(_THEMES[getattr(fig, 'theme', 'light')])
-
 
 def display_size(fig):
     "(width, height) of `fig` in CSS pixels: 80 per inch, whatever its dpi."
@@ -96,12 +76,10 @@ def _batch_steps(recorder):
     n, steps = len(recorder.train_losses), recorder.batches.get('step', [])
     return np.asarray(steps) + 1 if len(steps) == n else np.arange(1, n + 1)  # a recorder filled by hand: one step each
 
-
 def _thin(xs, ys, max_points=1000):
     "At most about `max_points` points: each bin's lowest and highest value, so the noise band keeps its width."
     n = len(ys)
-    if n <= max_points:
-        return xs, ys
+    if n <= max_points: return xs, ys
     ys, size = np.asarray(ys, dtype=float), math.ceil(2 * n / max_points)
     bins = -(-n // size)
     padded = np.full(bins * size, np.nan)
@@ -111,9 +89,7 @@ def _thin(xs, ys, max_points=1000):
     keep = np.unique(np.concatenate([starts + np.nanargmin(blocks, 1), starts + np.nanargmax(blocks, 1)]))
     return np.asarray(xs)[keep], ys[keep]
 
-
 _SMOOTHED = weakref.WeakKeyDictionary()  # recorder -> (its loss list, beta, points done, smoothing state, smoothed)
-
 
 def _smoothed(recorder):
     "The recorder's smoothed losses, extended from the previous call's: a live plot redraws often, and pays only for new points."
@@ -125,49 +101,37 @@ def _smoothed(recorder):
     _SMOOTHED[recorder] = (losses, beta, len(losses), state, out)
     return out
 
-
 def figure_png(fig, dpi=None, fast=False):
     "`fig` as PNG bytes at `dpi` (the figure's own: 2x its display size). `fast` compresses less: live frames are soon replaced."
     buf = io.BytesIO()
     fig.savefig(buf, format='png', dpi=dpi or fig.dpi, pil_kwargs={'compress_level': 1} if fast else None)
     return buf.getvalue()
 
-
 def figure_image(fig, png=None):
     "An IPython `Image` of `fig` (or of its `png` bytes) at the figure's display size: the 2x PNG shows sharp."
     from IPython.display import Image
-
     width, height = display_size(fig)
     return Image(data=png if png is not None else figure_png(fig), width=width, height=height)
-
 
 def _png_for_display(fig):
     "IPython's PNG formatter: the bytes and the display size, so a 2x image shows at its CSS size (as `retina` does)."
     width, height = display_size(fig)
     return figure_png(fig), {'width': width, 'height': height}
 
-
 def show_figures_inline():
     "In IPython, let a bare `Figure` returned by a cell show as a sharp PNG (matplotlib only sets this up once pyplot is used)."
-    if 'IPython' not in sys.modules:
-        return  # a script: nothing to show inline
+    if 'IPython' not in sys.modules: return  # a script: nothing to show inline
     from IPython import get_ipython
     from matplotlib.figure import Figure
-
     shell = get_ipython()
-    if shell is None:
-        return
+    if shell is None: return
     png = shell.display_formatter.formatters['image/png']
-    try:
-        png.lookup_by_type(Figure)
-    except KeyError:
-        png.for_type(Figure, _png_for_display)  # keep a format the user already chose (retina, svg...)
-
+    try: png.lookup_by_type(Figure)
+    except KeyError: png.for_type(Figure, _png_for_display)  # keep a format the user already chose (retina, svg...)
 
 _NOT_METRICS = ('epoch', 'step', 'train_loss', 'valid_loss', 'subset_valid_loss', 'lr', 'lrs', 'grad_norm', 'time')
 _METRIC_COLORS = ('tab:green', 'tab:red', 'tab:purple', 'tab:brown', 'tab:pink', 'tab:olive', 'tab:cyan', 'tab:gray')
 LEGEND_POINTS = 9  # 10 CSS px at 80 CSS px an inch
-
 
 def _history_axes(fig, metric_names, parent=False):
     "Lay out the axes, empty lines and legend once; later calls only update the lines' data (new axes and ticks are slow)."
@@ -178,34 +142,23 @@ def _history_axes(fig, metric_names, parent=False):
         if parent:  # the run a branch was forked from: its curves faint, behind the branch's own
             lines['parent_smooth'] = ax.plot([], [], color='tab:gray', alpha=0.5, lw=1.2, label='parent run')[0]
             lines['parent_valid'] = ax.plot([], [], 'o-', color='tab:gray', alpha=0.35, ms=3, lw=0.8)[0]
-        lines |= {
-            'raw': ax.plot([], [], color='tab:blue', alpha=0.3, lw=0.8)[0],  # every batch, faint, behind
-            'smooth': ax.plot([], [], color='tab:blue', label='train loss (smoothed)')[0],
-            'valid_loss': ax.plot([], [], 'o-', color='tab:orange', ms=4, label='valid loss')[0],
-        }
+        lines |= {'raw': ax.plot([], [], color='tab:blue', alpha=0.3, lw=0.8)[0],  # every batch, faint, behind
+                 'smooth': ax.plot([], [], color='tab:blue', label='train loss (smoothed)')[0],
+                 'valid_loss': ax.plot([], [], 'o-', color='tab:orange', ms=4, label='valid loss')[0]}
         ax.set_xlabel('step')
         ax.set_ylabel('loss')
         if metric_names:
             ax2 = ax.twinx()
             for i, name in enumerate(metric_names):
-                lines[name] = ax2.plot([], [], 's--', color=_METRIC_COLORS[i % len(_METRIC_COLORS)], ms=4, label=name)[
-                    0
-                ]
+                lines[name] = ax2.plot([], [], 's--', color=_METRIC_COLORS[i % len(_METRIC_COLORS)], ms=4, label=name)[0]
             ax2.set_ylabel('metric')
         labelled = [line for line in lines.values() if not line.get_label().startswith('_')]
         # above the axes, where no curve can pass under it (the live plot draws curves over a saved background)
-        fig.legend(
-            labelled,
-            [line.get_label() for line in labelled],
-            loc='upper center',
-            ncol=min(len(labelled), 4),
-            fontsize=LEGEND_POINTS,
-            frameon=False,
-        )
+        fig.legend(labelled, [line.get_label() for line in labelled], loc='upper center', ncol=min(len(labelled), 4),
+                   fontsize=LEGEND_POINTS, frameon=False)
     fig.subplots_adjust(left=0.1, right=0.89, bottom=0.15, top=0.85)  # room for the legend and both y labels
     fig._history_layout = ((tuple(metric_names), parent), lines)
     return lines
-
 
 def history_curves(recorder, steps=None):
     "The smoothed training loss and the validation loss, each as (steps, values): what a branch draws of its parent run."
@@ -215,21 +168,16 @@ def history_curves(recorder, steps=None):
         smoothed, keep = _smoothed(recorder), range(0, len(losses), max(1, len(losses) // 1000))
         keep = [*keep, len(losses) - 1] if keep[-1] != len(losses) - 1 else keep  # always the latest point
         curves['smooth'] = ([steps[i] for i in keep], [smoothed[i] for i in keep])
-    valid = [
-        (r['step'], r.get('valid_loss', r.get('subset_valid_loss', math.nan))) for r in recorder.history
-    ]  # a subset's, in eval_subset fits
+    valid = [(r['step'], r.get('valid_loss', r.get('subset_valid_loss', math.nan))) for r in recorder.history]  # a subset's, in eval_subset fits
     valid = [(s, v) for s, v in valid if math.isfinite(v)]
     curves['valid_loss'] = ([s for s, _ in valid], [v for _, v in valid])
     return curves
-
 
 def _least_span(ax, share=0.05):
     "A linear axis spans at least `share` of its values' size: one point of 0.832 gets 0.81-0.85, not 0.831-0.833."
     lo, hi = ax.get_ylim()
     least = share * max(abs(lo), abs(hi), 1e-3)
-    if ax.get_yscale() == 'linear' and hi - lo < least:
-        ax.set_ylim((lo + hi - least) / 2, (lo + hi + least) / 2)
-
+    if ax.get_yscale() == 'linear' and hi - lo < least: ax.set_ylim((lo + hi - least) / 2, (lo + hi + least) / 2)
 
 def plot_history(recorder, path=None, fig=None, theme=None, metrics=(), parent=None):
     """Draw `recorder`'s loss and metric curves into `fig` (a new figure if None); save a PNG to `path` if given.
@@ -247,23 +195,18 @@ def plot_history(recorder, path=None, fig=None, theme=None, metrics=(), parent=N
         lines['parent_valid'].set_data(*parent['valid_loss'])
     steps = _batch_steps(recorder) if losses else None
     curves = history_curves(recorder, steps)
-    if losses:
-        lines['raw'].set_data(*_thin(steps, losses))  # thinned: long runs draw fast
+    if losses: lines['raw'].set_data(*_thin(steps, losses))  # thinned: long runs draw fast
     lines['smooth'].set_data(*curves['smooth'])
     lines['valid_loss'].set_data(*curves['valid_loss'])
-    for name in metric_names:
-        lines[name].set_data([r['step'] for r in hist], [r.get(name, math.nan) for r in hist])
-    for ax in fig.axes:
-        ax.relim()
+    for name in metric_names: lines[name].set_data([r['step'] for r in hist], [r.get(name, math.nan) for r in hist])
+    for ax in fig.axes: ax.relim()
     lo, hi = fig.axes[0].dataLim.intervaly
     fig.axes[0].set_yscale('log' if 0 < lo and hi >= 100 * lo else 'linear')  # losses over two decades: each readable
     for ax in fig.axes:
         ax.autoscale_view()
         _least_span(ax)
-    if path is not None:
-        fig.savefig(path)  # the same 2x PNG Jupyter shows
+    if path is not None: fig.savefig(path)  # the same 2x PNG Jupyter shows
     return fig
-
 
 @patch_to(Recorder)
 def plot(self, path=None, theme=None):

@@ -1,6 +1,5 @@
 """The dashboard and `fit_async` in a real Jupyter kernel, headless (no browser): what Jupyter receives, interrupts and
 errors (one line each), and a fit trained in the background whose dashboard is shown again in another cell."""
-
 import queue, re, textwrap, time
 
 import nbformat
@@ -36,21 +35,14 @@ def run_notebook(cells, tmp_path):
 
 
 def test_dashboard_is_the_default_and_leaves_a_static_summary(tmp_path):
-    nb = run_notebook(
-        [
-            SETUP,
-            '''
+    nb = run_notebook([SETUP, '''
         learn = Learner(SlowLinear(8, 2), dl, dl, lr=0.1, cbs=[NoteEnd()])
-        await learn.fit_async(2)''',
-            '''
+        await learn.fit_async(2)''', '''
         learn2 = Learner(nn.Linear(8, 2), dl, dl, lr=0.1, dashboard=False)
         learn2.fit(1)
-        print(type(learn.cbs[1]).__name__, type(learn2.cbs[1]).__name__)''',
-        ],
-        tmp_path,
-    )
+        print(type(learn.cbs[1]).__name__, type(learn2.cbs[1]).__name__)'''], tmp_path)
     # the dashboard's output, updated in place to its summary, and the mid-fit snapshot's, emptied at the end
-    (dash_out,) = [o for o in nb.cells[1].outputs if any(o.get('data', {}).values())]
+    dash_out, = [o for o in nb.cells[1].outputs if any(o.get('data', {}).values())]
     assert dash_out.output_type == 'display_data'
     html = dash_out.data['text/html']
     assert 'Fit finished at step 80 of 80' in html and '<table' in html and 'data:image/png;base64,' in html
@@ -64,26 +56,18 @@ def test_dashboard_is_the_default_and_leaves_a_static_summary(tmp_path):
 
 def test_the_display_is_chosen_by_argument_or_environment(tmp_path):
     "display='html' and NBTRAINER_DISPLAY=html: no widget, the HTML summary; display='text': text bars and rows."
-    nb = run_notebook(
-        [
-            SETUP,
-            """
+    nb = run_notebook([SETUP, """
         learn = Learner(SlowLinear(8, 2), dl, dl, lr=0.1, display='html')
-        await learn.fit_async(1)""",
-            """
+        await learn.fit_async(1)""", """
         import os
         os.environ['NBTRAINER_DISPLAY'] = 'html'
         Learner(nn.Linear(8, 2), dl, dl, lr=0.1).fit(1)
-        del os.environ['NBTRAINER_DISPLAY']""",
-            """
-        Learner(nn.Linear(8, 2), dl, dl, lr=0.1, display='text').fit(1)""",
-        ],
-        tmp_path,
-    )
+        del os.environ['NBTRAINER_DISPLAY']""", """
+        Learner(nn.Linear(8, 2), dl, dl, lr=0.1, display='text').fit(1)"""], tmp_path)
     for i in (1, 2):
         outputs = nb.cells[i].outputs
         assert not any('application/vnd.jupyter.widget-view+json' in o.get('data', {}) for o in outputs)
-        (summary,) = [o.data['text/html'] for o in outputs if o.get('data', {}).get('text/html')]
+        summary, = [o.data['text/html'] for o in outputs if o.get('data', {}).get('text/html')]
         assert 'Fit finished at step 40 of 40' in summary and '<table' in summary, i
     text = ''.join(o.get('text', '') for o in nb.cells[3].outputs)
     assert not any(o.get('data') for o in nb.cells[3].outputs) and 'epoch: 100%' in text and 'valid_loss' in text
@@ -94,8 +78,7 @@ def shell_reply(kc, msg_id, timeout=60):
     deadline = time.time() + timeout
     while True:
         msg = kc.get_shell_msg(timeout=max(0.1, deadline - time.time()))
-        if msg['parent_header'].get('msg_id') == msg_id:
-            return msg
+        if msg['parent_header'].get('msg_id') == msg_id: return msg
 
 
 def execute(kc, code, timeout=60, **kwargs):
@@ -103,33 +86,23 @@ def execute(kc, code, timeout=60, **kwargs):
     msg_id = kc.execute(code, **kwargs)
     reply = shell_reply(kc, msg_id, timeout)
     printed = []
-    if reply['content']['status'] == 'aborted':
-        return reply['content'], ''  # never ran: no output to wait for
+    if reply['content']['status'] == 'aborted': return reply['content'], ''  # never ran: no output to wait for
     deadline = time.time() + timeout
     while True:
-        try:
-            msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.time()))
-        except queue.Empty:
-            raise TimeoutError(code)
-        if msg['parent_header'].get('msg_id') != msg_id:
-            continue
-        if msg['msg_type'] == 'stream':
-            printed.append(msg['content']['text'])
-        if msg['msg_type'] == 'status' and msg['content']['execution_state'] == 'idle':
-            break
+        try: msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.time()))
+        except queue.Empty: raise TimeoutError(code)
+        if msg['parent_header'].get('msg_id') != msg_id: continue
+        if msg['msg_type'] == 'stream': printed.append(msg['content']['text'])
+        if msg['msg_type'] == 'status' and msg['content']['execution_state'] == 'idle': break
     return reply['content'], ''.join(printed)
 
 
 def evaluate(kc, expression, attempts=20):
     "The value of `expression` in the kernel, read from the execute reply (not from printed output)."
     import ast
-
-    for _ in range(
-        attempts
-    ):  # a request that arrives while the kernel still aborts after an error is aborted: ask again
+    for _ in range(attempts):  # a request that arrives while the kernel still aborts after an error is aborted: ask again
         reply, _ = execute(kc, '', user_expressions={'value': expression})
-        if reply['status'] != 'aborted':
-            break
+        if reply['status'] != 'aborted': break
     assert 'user_expressions' in reply, reply
     result = reply['user_expressions']['value']
     assert result['status'] == 'ok', result
@@ -141,11 +114,9 @@ def wait_until_training(kc, msg_id, timeout=120):
     deadline = time.time() + timeout
     while True:
         msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.time()))
-        if msg['parent_header'].get('msg_id') != msg_id or msg['msg_type'] != 'comm_msg':
-            continue
+        if msg['parent_header'].get('msg_id') != msg_id or msg['msg_type'] != 'comm_msg': continue
         value = msg['content']['data'].get('state', {}).get('value')
-        if isinstance(value, str) and re.match(r'step [1-9]', value):
-            return
+        if isinstance(value, str) and re.match(r'step [1-9]', value): return
 
 
 def iopub_until_idle(kc, msg_id, timeout=120):
@@ -153,11 +124,9 @@ def iopub_until_idle(kc, msg_id, timeout=120):
     found, deadline = [], time.time() + timeout
     while True:
         msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.time()))
-        if msg['parent_header'].get('msg_id') != msg_id:
-            continue
+        if msg['parent_header'].get('msg_id') != msg_id: continue
         found.append(msg)
-        if msg['msg_type'] == 'status' and msg['content']['execution_state'] == 'idle':
-            return found
+        if msg['msg_type'] == 'status' and msg['content']['execution_state'] == 'idle': return found
 
 
 def start_background_fit(kc, learner_args):
@@ -174,11 +143,8 @@ def start_background_fit(kc, learner_args):
 def summaries(messages):
     """The HTML every updated display ends with, by display id: the static summaries the dashboard put in place of its
     displays (the mid-fit snapshot's output, below the first, shows the summary for a moment, then ends empty)."""
-    last = {
-        m['content']['transient']['display_id']: m['content']['data']
-        for m in messages
-        if m['msg_type'] == 'update_display_data'
-    }
+    last = {m['content']['transient']['display_id']: m['content']['data'] for m in messages
+            if m['msg_type'] == 'update_display_data'}
     return {i: data['text/html'] for i, data in last.items() if 'text/html' in data}
 
 
@@ -198,9 +164,9 @@ def test_interrupt_ends_the_fit_cleanly(call):
         ended, step, fitting, training = evaluate(kc, '(ended, learn.step, learn.fitting, learn.model.training)')
         assert ended == [step] and 0 < step < 4000 and not fitting and training  # after_fit ran, at the last batch
         # One line in the cell, not a traceback through asyncio or the loop; the dashboard's summary says the same.
-        (line,) = reply['content']['traceback']
+        line, = reply['content']['traceback']
         assert f'Fit interrupted at step {step} of 4000' in line, line
-        (summary,) = summaries(messages).values()
+        summary, = summaries(messages).values()
         assert f'Fit interrupted at step {step} of 4000' in summary
         assert evaluate(kc, '(learn.fit(1), learn.step)[1]') == step + 40  # still usable
     finally:
@@ -216,8 +182,7 @@ def test_the_interrupt_button_ends_a_background_fit_and_is_harmless_with_none():
         assert evaluate(kc, 'learn.fitting')
         km.interrupt_kernel()  # the kernel is idle: no cell runs
         deadline = time.time() + 60
-        while not evaluate(kc, 'task.done()'):
-            assert time.time() < deadline, 'the interrupt did not end the fit'
+        while not evaluate(kc, 'task.done()'): assert time.time() < deadline, 'the interrupt did not end the fit'
         ended, step, outcome = evaluate(kc, '(ended, learn.step, learn.fit_outcome)')
         assert ended == [step] and 0 < step < 4000 and outcome == 'interrupted'  # after_fit ran, early
         km.interrupt_kernel()  # no fit runs: nothing happens, the kernel and its state stay
@@ -236,24 +201,18 @@ def test_an_error_in_fit_async_is_one_line_with_the_traceback_in_the_summary():
     km, kc = start_new_kernel(kernel_name='python3')
     try:
         execute(kc, SETUP)
-        execute(
-            kc,
-            textwrap.dedent('''
+        execute(kc, textwrap.dedent('''
             class Boom(Callback):
                 def after_batch(self):
                     if self.learn.training and self.learn.step == 3: raise RuntimeError('boom')
-            learn = Learner(SlowLinear(8, 2), dl, dl, lr=0.1, cbs=[NoteEnd()])'''),
-        )
+            learn = Learner(SlowLinear(8, 2), dl, dl, lr=0.1, cbs=[NoteEnd()])'''))
         msg_id = kc.execute('await learn.fit_async(2, cbs=[Boom()])')
         messages = iopub_until_idle(kc, msg_id)
         reply = shell_reply(kc, msg_id)['content']
         assert reply['status'] == 'error' and reply['ename'] == 'RuntimeError'
-        (line,) = reply['traceback']
-        assert (
-            'Fit failed at step 3 of 80' in line
-            and 'RuntimeError: boom (raised in callback Boom during after_batch)' in line
-        )
-        (summary,) = summaries(messages).values()
+        line, = reply['traceback']
+        assert 'Fit failed at step 3 of 80' in line and 'RuntimeError: boom (raised in callback Boom during after_batch)' in line
+        summary, = summaries(messages).values()
         assert 'Fit failed at step 3 of 80' in summary and '<summary>Traceback</summary>' in summary
         assert "raise RuntimeError(&#x27;boom&#x27;)" in summary  # the full traceback, folded, in the saved output
         assert evaluate(kc, 'ended') == [3]
@@ -282,8 +241,7 @@ def test_a_background_fit_is_shown_again_by_learn_dashboard_and_both_views_get_t
             updates.update(summaries([msg]))
         assert all('Fit stopped at step' in updates[i] and 'stopped from another cell' in updates[i] for i in ids)
         deadline = time.time() + 60
-        while not evaluate(kc, 'task.done()'):
-            assert time.time() < deadline, 'the task never ended'  # it polls the thread
+        while not evaluate(kc, 'task.done()'): assert time.time() < deadline, 'the task never ended'  # it polls the thread
         assert evaluate(kc, '(ended == [learn.step], learn.fit_outcome, learn.controls)') == (True, 'stopped', None)
     finally:
         kc.stop_channels()
@@ -304,9 +262,7 @@ def test_the_html_dashboard_of_a_background_fit_is_shown_again_and_both_views_ge
         running, updates, deadline = set(), {}, time.time() + 120
         while len(running) < 2:  # both outputs are refreshed while it trains
             msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.time()))
-            if msg['msg_type'] == 'update_display_data' and 'Fit running' in msg['content']['data'].get(
-                'text/html', ''
-            ):
+            if msg['msg_type'] == 'update_display_data' and 'Fit running' in msg['content']['data'].get('text/html', ''):
                 running.add(msg['content']['transient']['display_id'])
         assert running == ids
         kc.execute("learn.controls.stop('stopped from another cell')")  # its output is not waited for: nothing skipped
@@ -323,7 +279,6 @@ def test_the_html_dashboard_of_a_background_fit_is_shown_again_and_both_views_ge
 def test_control_and_dashboard_notebooks_in_a_real_kernel(name, tmp_path):
     "nbdev-test runs these without a kernel; here the dashboard is displayed for real and fit_async meets ipykernel's loop."
     from conftest import ROOT
-
     nb = nbformat.read(ROOT / 'nbs' / f'{name}.ipynb', as_version=4)
     NotebookClient(nb, timeout=300, kernel_name='python3', resources={'metadata': {'path': str(tmp_path)}}).execute()
     errors = [o for c in nb.cells if c.cell_type == 'code' for o in c.outputs if o.output_type == 'error']

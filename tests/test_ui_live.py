@@ -8,20 +8,18 @@
 The kernel records each frame it draws (the step, whether the fit was paused, whether it was the final frame) by
 wrapping `LivePlot.render`, so the test checks what was drawn, not only that an image changed. Every wait is on a
 condition with a deadline."""
-
 import re, time
 
 import nbformat
 import pytest
 
-from test_ui import ARGS, ARTIFACTS, CHROMIUM, cell, open_notebook, output, run_cell, slow_mlp, wait_for_status
+from test_ui import (ARGS, ARTIFACTS, CHROMIUM, cell, open_notebook, output, run_cell, slow_mlp, wait_for_status)
 from test_ui import lab  # noqa: F401  (the JupyterLab fixture)
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]  # JupyterLab in Chromium: minutes on a busy machine
 
 CELLS = [
-    slow_mlp(0.02)
-    + '''from nbtrainer import Controls, Learner
+    slow_mlp(0.02) + '''from nbtrainer import Controls, Learner
 from nbtrainer.liveplot import LivePlot
 
 frames = []  # (step, paused, final) of every frame the live figure draws
@@ -60,7 +58,6 @@ def corner_rgb(locator):
 
 def test_short_fits_draw_live_pause_redraws_and_the_theme_is_followed(lab):
     from playwright.sync_api import sync_playwright
-
     port, folder = lab
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}
@@ -80,10 +77,8 @@ def test_short_fits_draw_live_pause_redraws_and_the_theme_is_followed(lab):
             live, deadline = set(), time.time() + 180
             while not page.locator(output('FRAMES-SHORT')).count():
                 assert time.time() < deadline, 'the short fit did not end'
-                live |= set(
-                    page.evaluate('''[...document.querySelectorAll('.nbtrainer-dashboard img')]
-                    .filter(i => i.offsetWidth > 0 && i.src).map(i => i.src)''')
-                )
+                live |= set(page.evaluate('''[...document.querySelectorAll('.nbtrainer-dashboard img')]
+                    .filter(i => i.offsetWidth > 0 && i.src).map(i => i.src)'''))
                 page.wait_for_timeout(30)
             short = printed(page, 'FRAMES-SHORT')
             assert 'finished' in page.locator(output('FRAMES-SHORT')).inner_text()
@@ -106,7 +101,7 @@ def test_short_fits_draw_live_pause_redraws_and_the_theme_is_followed(lab):
             wait_for_status(page, dash, r'^(?!.*paused)step \d+')
             run_cell(page, RESUMED)
             drawn = printed(page, 'FRAMES-RESUMED')
-            after_pause = drawn[drawn.index((paused_at, True, False)) + 1 :]
+            after_pause = drawn[drawn.index((paused_at, True, False)) + 1:]
             assert [f for f in after_pause if not f[1]], f'no frame drawn on resume: {drawn}'
             dash.locator('.widget-button:has-text("Stop")').click()
             cell(page, BACKGROUND).locator('.jp-OutputArea-output:has-text("stopped")').first.wait_for(timeout=120_000)
