@@ -13,6 +13,12 @@ Needs valgrind (apt-get install valgrind). Takes a few minutes.
 The `_loader` modes read the same batches from a `DataLoader` (collated on the CPU each time), the hand-written loop
 moving each to the device as a GPU user's does: the path of a CPU loader feeding a model on a device (here the CPU).
     python bench/instructions.py --modes ddp_hand ddp_learner --short 10 --long 60
+    python bench/instructions.py --modes learner dashboard --short 100 --long 700 [--step-ms 10]
+
+The `dashboard` mode attaches the `Dashboard` Jupyter shows by default (its outputs updated as in a kernel, less the
+send): it refreshes by wall time, so here it reads a `FakeClock` that moves `--step-ms` a training batch (a fit of
+that speed), whatever valgrind's slowdown. Its figure is drawn by the rendering process, which valgrind does not follow
+(a process of its own): what is counted is what the training process does, the rendering thread's share included.
 
 The DDP modes run bench/ddp.py's two loops in two ranks (gloo, fork) and count both ranks' instructions: the work each
 step costs, which bench/ddp.py's timings cannot resolve to a few percent on a shared machine.
@@ -24,7 +30,25 @@ import argparse, os, re, shutil, subprocess, sys, tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 
-def child(mode, steps):
+def dashboard_fit(learn, step_ms):
+    "`learn.fit(1)` with the default Jupyter dashboard, on a fake clock that moves `step_ms` a training batch."
+    from nbtrainer import Callback, Dashboard
+    from nbtrainer.clock import FakeClock, use_clock
+    fake = FakeClock()
+    class Ticks(Callback):
+        order = -1000
+        def after_batch(self):
+            if self.learn.training: fake.advance(step_ms / 1000)
+    class Sink:
+        "A display handle that takes updates and sends nothing: a kernel's, less the send."
+        def update(self, bundle, raw=False): pass
+    dashboard = Dashboard()
+    dashboard._carry = ([{'status': Sink(), 'figure': Sink()}], [], None)  # shown, as in a notebook
+    learn.add_cbs([Ticks(), dashboard])
+    with use_clock(fake): learn.fit(1)
+
+
+def child(mode, steps, step_ms):
     import torch
     sys.path.insert(0, os.path.dirname(__file__))
     import overhead as ov
@@ -46,6 +70,7 @@ def child(mode, steps):
         return
     extra = {'train_metrics': ('accuracy',)} if mode == 'train_metrics' else {}
     learn = Learner(model, train, valid, opt_func=torch.optim.Adam, lr=1e-3, metrics=('accuracy',), progress=False, **extra)
+    if mode == 'dashboard': return dashboard_fit(learn, step_ms)
     if mode == 'logging':  # CSV, TensorBoard and a checkpoint at the epoch's end
         from nbtrainer import Checkpointer, CSVLogger, TensorBoardLogger
         out = tempfile.mkdtemp()
@@ -89,14 +114,14 @@ def hand_written_loader_epoch(model, opt, train_dl, valid_dl, device):
         (total / n).item(), (correct / n).item()
 
 
-def count(mode, steps):
+def count(mode, steps, step_ms=10):
     "Instructions executed by a child process running `mode` for `steps` steps (by its ranks, for a DDP mode)."
     env = dict(os.environ, OPENBLAS_NUM_THREADS='1', OMP_NUM_THREADS='1', PYTHONHASHSEED='0')  # idle BLAS threads spin, and set orders vary: noise
     with tempfile.TemporaryDirectory() as tmp:
         # without address randomization (setarch -R) the counts repeat from run to run: hashes of addresses, malloc
         fixed = ['setarch', os.uname().machine, '-R'] if shutil.which('setarch') else []
         run = subprocess.run([*fixed, 'valgrind', '--tool=callgrind', f'--callgrind-out-file={tmp}/out.%p', sys.executable,
-                              __file__, '--child', mode, str(steps)], capture_output=True, text=True, env=env)
+                              __file__, '--child', mode, str(steps), str(step_ms)], capture_output=True, text=True, env=env)
         found = re.findall(r'==(\d+)== Collected : (\d+)', run.stderr)  # one per process: the forked ranks too
         if run.returncode or not found: sys.exit(f'callgrind failed for {mode}:\n{run.stderr[-2000:]}')
         main_pid = re.search(r'==(\d+)==', run.stderr).group(1)  # the first to speak
@@ -109,15 +134,16 @@ def main():
     parser.add_argument('--short', type=int, default=20)
     parser.add_argument('--long', type=int, default=120)
     modes = ['hand', 'learner', 'logging', 'train_metrics', 'tracker', 'hand_loader', 'learner_loader', 'ddp_hand',
-             'ddp_learner']
-    parser.add_argument('--modes', nargs='+', default=modes[:5], choices=modes)  # DDP: asked for by name
+             'ddp_learner', 'dashboard']
+    parser.add_argument('--modes', nargs='+', default=modes[:5], choices=modes)  # DDP, the dashboard: asked for by name
     parser.add_argument('--jobs', type=int, default=1, help='valgrind processes at once')
-    parser.add_argument('--child', nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument('--step-ms', type=float, default=10, help="the dashboard mode's fake time a training batch")
+    parser.add_argument('--child', nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child: return child(args.child[0], int(args.child[1]))
+    if args.child: return child(args.child[0], int(args.child[1]), float(args.child[2]))
     per_step = {}
     with ThreadPoolExecutor(args.jobs) as pool:  # each count is a valgrind process: threads only wait for them
-        counts = {(mode, n): pool.submit(count, mode, n) for mode in args.modes for n in (args.short, args.long)}
+        counts = {(mode, n): pool.submit(count, mode, n, args.step_ms) for mode in args.modes for n in (args.short, args.long)}
         for mode in args.modes:
             extra = counts[mode, args.long].result() - counts[mode, args.short].result()
             per_step[mode] = extra / (args.long - args.short)
@@ -128,7 +154,8 @@ def main():
               ('train_metrics', 'hand', 'with train_metrics=("accuracy",) / hand-written'),
               ('tracker', 'hand', 'with a Tracker / hand-written'), ('tracker', 'learner', 'with a Tracker / learn.fit without it'),
               ('learner_loader', 'hand_loader', 'from a DataLoader: learn.fit / hand-written loop moving each batch'),
-              ('ddp_learner', 'ddp_hand', 'DDP, 2 ranks: learn.fit / hand-written DDP loop'))
+              ('ddp_learner', 'ddp_hand', 'DDP, 2 ranks: learn.fit / hand-written DDP loop'),
+              ('dashboard', 'learner', 'with the Jupyter dashboard / learn.fit without a display'))
     for a, b, name in ratios:
         if a in per_step and b in per_step: print(f'  {name}: {per_step[a] / per_step[b]:.4f}x instructions per step')
 

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
-from .checks import check_labels, check_metrics, check_regression_shapes
+from .checks import check_class_targets, check_labels, check_metrics, check_regression_shapes
 from .data import (as_float32, batch_size, inputs_and_target, model_prediction, no_target_message, plain_model,
                             to_device)
-from .metrics import IGNORE_INDEX, Metric, example_losses
+from .metrics import CLASS_INDEX_LOSSES, IGNORE_INDEX, Metric, example_losses
 from .rng import preserve_rng
 
 # %% ../nbs/00i_batches.ipynb #544ffa27
@@ -69,7 +69,7 @@ class BatchReader:
         "Per-example counts of the labels a token-mean loss averages over (not ignored), or None: a mean over examples."
         y, loss = self.yb, self.loss_func
         if not (isinstance(y, torch.Tensor) and y.ndim >= 2 and not y.is_floating_point()): return None
-        token_mean = self._model_loss() or loss in (F.cross_entropy, F.nll_loss) or (
+        token_mean = self._model_loss() or loss in CLASS_INDEX_LOSSES or (
             isinstance(loss, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)) and loss.reduction == 'mean')
         if not token_mean: return None
         if self.shifts_labels(): y = y[:, 1:]
@@ -151,9 +151,11 @@ class BatchReader:
     # ---- the first batch of each phase, checked once ----
     def _check_first_batch(self):
         "Labels in range, targets of the predictions' shape, metrics that fit the task (`nbs/00e_checks.ipynb`)."
+        if not self._model_loss():  # what loss_func will be given: checked before it fails on it, or broadcasts it
+            check_class_targets(self.pred, self.yb, self.loss_func)
+            check_regression_shapes(self.pred, self.yb, self.loss_func)
         pred, target = self.metric_inputs()
         check_labels(pred, target, self._ignore_index())
-        if not self._model_loss(): check_regression_shapes(self.pred, self.yb)  # before the loss broadcasts them
         if target is not None:
             check_metrics([*self.metrics, *(self.recorder.train_metrics if self.training else ())], pred, target,
                           lambda probe: self.update_metrics([probe]))

@@ -8,14 +8,15 @@ Docs: https://nbtrainer.github.io/nbtrainer/control.html.md"""
 __all__ = ['Controls']
 
 # %% ../nbs/16_control.ipynb #399a19ad
-import asyncio, concurrent.futures, contextvars, sys, threading, time
+import asyncio, concurrent.futures, contextvars, html, re, sys, threading
+from datetime import datetime
 from pathlib import Path
 
 from .callback import Callback, CancelFitException, Order
 from .checks import hyperparameter
 from .core import Learner, patch_to
 from .distributed import request_stop
-from .progress import brief_traceback
+from .progress import brief_traceback, current_kernel
 
 # %% ../nbs/16_control.ipynb #7e7420cb
 class Controls(Callback):
@@ -27,6 +28,7 @@ class Controls(Callback):
         self.save_dir = save_dir
         self.log = []  # (step, action, value) of each request carried out
         self.listeners = []  # called by the training thread after each request it carries out
+        self.waiting = []  # called with a cell queued behind an awaited fit, in that cell (the dashboard shows itself)
         self._reset()
 
     def _reset(self):
@@ -194,8 +196,7 @@ def _end_background_fits_on_kernel_interrupt():
     installs, after each cell, the handler it saved before it (`saved_sigint_handler`); that one becomes ours, which
     interrupts the running fits, or does what the kernel's own did when none runs. A cell that runs gets the usual
     KeyboardInterrupt (an awaited fit is then cancelled, and interrupted by `_wait_for_fit`)."""
-    kernel = getattr(sys.modules.get('ipykernel.kernelbase'), 'Kernel', None)
-    kernel = kernel.instance() if kernel is not None and kernel.initialized() else None
+    kernel = current_kernel()
     previous = getattr(kernel, 'saved_sigint_handler', None)
     if previous is None or getattr(previous, 'ends_fits', False): return  # not in ipykernel, or done already
     def on_interrupt(signum, frame):
@@ -212,11 +213,16 @@ class _Started(Callback):
     def before_fit(self): self.event.set()
 
 async def _wait_for_fit(learn, done, thread, controls):
-    "Wait for the fit in `thread`, waking often: Jupyter delivers an interrupt (a cancel) only when the loop wakes."
+    """Wait for the fit in `thread`, waking often: Jupyter delivers an interrupt (a cancel) only when the loop wakes, and
+    a cell run meanwhile behind an awaited fit is told, in its output, that it waits for the fit."""
     result = asyncio.wrap_future(done)
     result.add_done_callback(lambda f: f.cancelled() or f.exception())  # read even if we stop waiting (an interrupt)
+    kernel, told = current_kernel(), set()
+    cell = (kernel.get_parent() or {}).get('header') if kernel is not None else None  # the cell that started the fit
     try:
-        while not result.done(): await asyncio.wait([result], timeout=0.1)
+        while not result.done():
+            await asyncio.wait([result], timeout=0.1)
+            if cell: _tell_waiting_cells(kernel, cell, controls, told)
         return result.result()
     except asyncio.CancelledError as e:  # Jupyter's interrupt cancels the await
         controls.interrupt()
@@ -226,3 +232,51 @@ async def _wait_for_fit(learn, done, thread, controls):
         raise brief_traceback(asyncio.CancelledError(), learn) from e
     except Exception as e:  # the fit failed: one line, not asyncio's internals (an error before it started: as is)
         raise brief_traceback(e, learn) if e is learn.fit_exception else e
+
+_SENT_WITH = 2.0  # seconds: cells sent this soon after the fit's cell were sent with it (Run All, a few Shift+Enters)
+
+def _sent_at(header):
+    "When the front end sent a request: its header's date (a datetime, or ISO text before it is parsed)."
+    date = header.get('date')
+    return date if isinstance(date, datetime) else datetime.fromisoformat(str(date).replace('Z', '+00:00'))
+
+def _cells_waiting(kernel, cell):
+    """The execute requests queued behind `cell` (the header of the cell that started the fit) while that cell runs,
+    i.e. awaits the fit, and sent later than it and the cells sent with it (a Run All, whose cells follow the fit on
+    the page): ipykernel 7 keeps each shell message in a task (`shell_main`) that waits for the running cell's lock.
+    None when `cell` has ended (the fit trains in the background: other cells run) or in a kernel that queues requests
+    some other way."""
+    running, waiting = False, []
+    for task in asyncio.all_tasks():
+        coro = task.get_coro()
+        frame = getattr(coro, 'cr_frame', None)
+        if frame is None or getattr(coro, 'cr_code', None) is None or coro.cr_code.co_name != 'shell_main': continue
+        try:  # the header only, unpacked without the session's signature check (a message is checked once, when run)
+            _, parts = kernel.session.feed_identities(frame.f_locals['msg'], copy=False)
+            header = kernel.session.unpack(getattr(parts[1], 'bytes', parts[1]))
+            later = (_sent_at(header) - _sent_at(cell)).total_seconds() > _SENT_WITH
+            if header.get('msg_id') == cell.get('msg_id'): running = True
+            elif header.get('msg_type') == 'execute_request' and later: waiting.append({'header': header})
+        except Exception: continue
+    return waiting if running else []
+
+_WAITING = ('<p style="margin:4px 0"><b>This cell waits for the fit that <code>await learn.fit_async(...)</code> runs in '
+            'another cell</b>: it runs when that fit ends (interrupting the kernel ends the fit). {shown} To keep the kernel '
+            'free while training, start fits in the background: <code>task = learn.fit_async(...)</code>, then '
+            '<code>await task</code> in the cell that needs the result.</p>')
+
+def _tell_waiting_cells(kernel, cell, controls, told):
+    "Tell each cell newly queued behind `cell` that it waits for the fit, in its own output; the hooks show more there."
+    for request in _cells_waiting(kernel, cell):
+        if request['header']['msg_id'] in told: continue
+        told.add(request['header']['msg_id'])
+        try: contextvars.copy_context().run(_in_cell, kernel, request, controls)
+        except Exception as e: print(f'nbtrainer: could not show the fit in a waiting cell: {e}', file=sys.stderr)
+
+def _in_cell(kernel, request, controls):
+    "In the output of the queued cell `request`: a note, then what `controls.waiting` shows (the live dashboard)."
+    from IPython.display import display
+    kernel.shell.display_pub.set_thread_parent(request)  # in this context only: its displays go to that cell
+    note = _WAITING.format(shown='Its live dashboard is below, with working controls.' if controls.waiting else '')
+    display({'text/html': note, 'text/plain': html.unescape(re.sub(r'<[^>]+>', '', note))}, raw=True)
+    for hook in list(controls.waiting): hook(request)

@@ -1,4 +1,4 @@
-"""The training dashboard Jupyter shows by default: progress bars, the live figure beside a table of the latest evaluations, and Stop / Pause / Save / LR controls, in one widget that ends as a static summary.
+"""The training dashboard Jupyter shows by default: progress bars and a status line, Stop / Pause / Save / LR controls, and the live figure beside a table of the latest evaluations, updated in place; a static summary when the fit ends.
 
 Docs: https://nbtrainer.github.io/nbtrainer/dashboard.html.md"""
 
@@ -8,38 +8,42 @@ Docs: https://nbtrainer.github.io/nbtrainer/dashboard.html.md"""
 __all__ = ['DISPLAYS', 'Dashboard', 'display_kind', 'progress_display']
 
 # %% ../nbs/17_dashboard.ipynb #e799ea7e
-import asyncio, base64, contextvars, html, importlib.util, inspect, os, sys, threading, time, traceback
+import asyncio, base64, contextvars, html, importlib.util, os, sys, threading, traceback
 from pathlib import Path
 
+from . import clock
 from .callback import Callback, Order, dispatch_tables
 from .checks import hyperparameter
 from .control import Controls
 from .core import Learner, fills, patch_to
 from .liveplot import LivePlot
 from .metrics import metric_name
-from .progress import (ProgressCallback, brief_traceback, describe_ending, display_widget, format_header,
-                                format_row, in_jupyter, widget_bundle)
+from .progress import (ProgressCallback, brief_traceback, current_kernel, describe_ending, display_widget,
+                                format_header, format_row, in_jupyter, widget_bundle)
+from .render import DISPLAY_DPI, FIGURE_SIZE, Renderer
 
 # %% ../nbs/17_dashboard.ipynb #1fe5608f
 class _Bars(ProgressCallback):
-    "ProgressCallback with its bars placed in the dashboard and its rows sent to the dashboard's table."
+    "ProgressCallback's counts, drawn by the dashboard as HTML: their refresh is its tick; rows go to its table."
     def __init__(self, dashboard, refresh):
         super().__init__(refresh=refresh)
         self.dashboard, self._spares = dashboard, {}
 
     def _bar(self, desc, leave=True, position=None, **kwargs):
         bar = self._spares.pop(desc, None)
-        if bar is not None:  # the last phase's bar again, reset: a new bar per phase left its views in the browser
+        if bar is not None:  # the last phase's bar again, counting from the start
             bar.reset(total=kwargs.get('total'))
-            if self.dashboard.widgets: bar.container.layout.visibility = 'visible'
             return bar
-        if not self.dashboard.widgets:  # counts only: the HTML view draws them (`_bar_html`)
-            from tqdm import tqdm
-            return tqdm(desc=desc, file=_Nowhere(), **kwargs)
-        from tqdm.notebook import tqdm  # lazy: widgets only in a notebook
-        bar = tqdm(desc=desc, leave=True, display=False, **kwargs)  # kept: the dashboard decides what to show
-        self.dashboard._place_bar(desc, bar.container)
-        return bar
+        from tqdm import tqdm
+        return tqdm(desc=desc, file=_Nowhere(), **kwargs)  # counts and times: the dashboard draws it (`_bar_html`)
+
+    def after_batch(self):  # one clock read a batch for the whole dashboard: the bars' refresh is its tick
+        self._pending += 1
+        now = clock.now()
+        if now - self._last >= self.refresh:
+            self._last = now
+            self._refresh()
+            self.dashboard._tick(now)
 
     def shown(self):
         "The bars on show, in their slots' order: epoch, train (kept between phases), valid (while validating)."
@@ -53,9 +57,7 @@ class _Bars(ProgressCallback):
 
     def after_validate(self):
         if self._refresh != self._show_valid: return
-        if self.valid_bar is not None:  # hidden in its slot until the next validation: the layout stays put
-            if self.dashboard.widgets: self.valid_bar.container.layout.visibility = 'hidden'
-            self._spares['valid'] = self.valid_bar
+        if self.valid_bar is not None: self._spares['valid'] = self.valid_bar  # off the page until the next validation
         self.valid_bar, self._pending, self._refresh = None, self._train_pending, self._show
 
     def _write_row(self, row, keys): self.dashboard._add_row(row)
@@ -68,48 +70,65 @@ class _Bars(ProgressCallback):
         self._spares = {}
 
 class _Nowhere:
-    "A file that drops what is written: an HTML dashboard's bars count, and the dashboard draws them."
+    "A file that drops what is written: the dashboard's bars count, and the dashboard draws them."
     def write(self, text): pass
     def flush(self): pass
 
 class _Plot(LivePlot):
-    "LivePlot whose frames go to the dashboard's image widget (and to `path`, if given)."
+    "LivePlot whose frames go to the dashboard's figure (and to `path`, if given)."
     def __init__(self, dashboard, **kwargs):
         super().__init__(**kwargs)
         self.dashboard = dashboard
 
-    def _outputs(self): return False, (Path(self.path) if self.path is not None else None)  # the widget, not inline
+    def _outputs(self): return False, (Path(self.path) if self.path is not None else None)  # the dashboard, not inline
 
-    def show(self, png):
-        self.dashboard._show_frame(png, self.fig)
-        super().show(png)
+    def show(self, png, step=None, final=False):
+        self.dashboard._show_frame(png, step, final)
+        super().show(png, step, final)
 
 # %% ../nbs/17_dashboard.ipynb #4dea96df
-_HINT = ('Buttons work with <code>learn.fit_async(...)</code>: a plain <code>fit</code> keeps the kernel busy '
-         'until it ends. To stop this fit, interrupt the kernel.')
-_LIVE_TEXT = 'Training dashboard (live while the fit runs; a static summary replaces it when the fit ends)'
+_HINT = ('Stop, Pause, Save and a new LR come with <code>learn.fit_async(...)</code>: a plain <code>fit</code> '
+         'keeps the kernel busy until it ends. To stop this fit, interrupt the kernel.')
+_HTML_HINT = ('Controls, from any cell while the fit runs in the background: <code>learn.controls.pause()</code>, '
+              '<code>.resume()</code>, <code>.set_lr(lr)</code>, <code>.save()</code>, <code>.stop()</code>')
+_CONTROLS_TEXT = ('Controls of the running fit: Stop, Pause, Save, LR. Without widgets, from any cell: '
+                  'learn.controls.stop(), .pause(), .resume(), .set_lr(lr), .save()')
+_EMPTY = {'text/plain': ''}  # an output emptied: it takes no room, and a saved notebook keeps nothing of it
+_FIGURE_PX = tuple(round(v * DISPLAY_DPI) for v in FIGURE_SIZE)  # the figure's CSS size: its space, kept from the start
 _CELL = 'padding:1px 6px;text-align:right;white-space:nowrap;font-weight:normal;overflow:hidden'
-_BAR_PX, _ROW_PX = 32, 21  # a tqdm bar's height, a table row's (18 px line, 2 px padding, 1 px border): space kept
-_FORK_BUTTON = dict(width='44px', height=f'{_ROW_PX}px', padding='0', margin='0 0 0 6px')
-_TABLE = 'border-collapse:collapse;table-layout:fixed;font-size:12px;line-height:18px;font-variant-numeric:tabular-nums;margin:0'
+_ROW_PX, _BOX_PX = 21, 320  # a table row's height (18 px line, 2 px padding, 1 px border); the summary table's box
+_TABLE = ('border-collapse:collapse;table-layout:fixed;font-size:12px;line-height:18px;'
+          'font-variant-numeric:tabular-nums;margin:0')
+_STICKY = 'position:sticky;top:0;background:var(--jp-layout-color1,white)'  # the summary's header, over scrolled rows
+_LINE = 'margin:2px 0;font-size:13px;line-height:18px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis'
+_STYLE = ('<style>.nbtrainer-controls .widget-toggle-button:first-child:not(:disabled)'
+          '{background:var(--jp-error-color1,#d32f2f);color:white}</style>')  # Stop in red
 
 def _cell_width(key): return 7 * (max(len(key), 7) + 2)  # px: 7 a character, a column's name or a number
 
-def _cells(values, keys, tag='td'):
+def _cells(values, keys, tag='td', style=''):
     "A table row's cells, each of a fixed width (in characters) so that separate rows line up."
-    return ''.join(f'<{tag} style="{_CELL};width:{_cell_width(k)}px">{html.escape(v)}</{tag}>'
+    return ''.join(f'<{tag} style="{_CELL};{style}width:{_cell_width(k)}px">{html.escape(v)}</{tag}>'
                    for k, v in zip(keys, values))
 
 def _row_values(row, keys): return [format_row(row, [k]).strip() if k in row else '' for k in keys]
 
-def _table_html(rows, keys=None, header=True):
+def _table_html(rows, keys=None, sticky=False):
     "History rows as an HTML table with inline styles (kept by a saved notebook), numbers as in the console rows."
     keys = keys or list(dict.fromkeys(k for row in rows for k in row))
-    head = (f'<thead><tr style="border-bottom:1px solid rgba(127,127,127,.6)">{_cells(keys, keys, "th")}</tr></thead>'
-            if header else '')
+    head = _cells(keys, keys, 'th', f'{_STICKY};' if sticky else '')
     body = ''.join(f'<tr style="border-bottom:1px solid rgba(127,127,127,.2)">{_cells(_row_values(r, keys), keys)}</tr>'
                    for r in rows)
-    return f'<table class="nbtrainer-history" style="{_TABLE}">{head}<tbody>{body}</tbody></table>'
+    return (f'<table class="nbtrainer-history" style="{_TABLE}"><thead><tr style="border-bottom:1px solid '
+            f'rgba(127,127,127,.6)">{head}</tr></thead><tbody>{body}</tbody></table>')
+
+def _summary_table(rows):
+    "Every row, in a box that scrolls when they are many, with a line that says so (a box hides its rows silently)."
+    shown = _BOX_PX // _ROW_PX - 1  # the rows the box shows below its header
+    more = (f'<div style="font-size:11px;opacity:.75">{len(rows)} evaluations, {shown} in view: scroll the table for '
+            'the others</div>' if len(rows) > shown else '')
+    box = f'<div style="max-height:{_BOX_PX}px;overflow-y:auto">{_table_html(rows, sticky=True)}</div>'
+    return f'<div>{box}{more}</div>'
 
 _BAR_LINE = 'display:flex;align-items:center;height:20px;font-size:12px;white-space:nowrap;overflow:hidden'
 
@@ -126,25 +145,6 @@ def _bar_html(desc, bar):
     return (f'<div style="{_BAR_LINE}"><span style="display:inline-block;width:40px">{html.escape(desc)}</span>'
             f'{meter}<span>{html.escape(text)}</span></div>')
 
-def _close(widget):
-    "Close a widget and all it holds (children, layout, style): each is a comm in the kernel and a model in the browser."
-    for part in (*getattr(widget, 'children', ()), getattr(widget, 'layout', None), getattr(widget, 'style', None)):
-        if part is not None: _close(part)
-    widget.close()
-
-def _blank(widget):
-    """Empty what the views of a widget and its children show, its Python state unchanged: a widget view taken off the
-    page keeps the DOM it held (see `Dashboard._hide_then_replace`). Sent as the widget protocol's state update."""
-    import ipywidgets as W
-    for child in getattr(widget, 'children', ()): _blank(child)
-    state = {'description': ''} if getattr(widget, 'description', '') else {}
-    if isinstance(widget, (W.HTML, W.Label)): state['value'] = ''
-    if isinstance(widget, W.Button): state = {'icon': ''}  # its text stays: a button with neither is not redrawn
-    if widget.comm is None: return
-    if isinstance(widget, W.Image):  # bytes travel as a buffer
-        widget.comm.send({'method': 'update', 'state': state, 'buffer_paths': [['value']]}, buffers=[b''])
-    elif state: widget.comm.send({'method': 'update', 'state': state, 'buffer_paths': []})
-
 def _comm_handled_concurrently():
     "Is this comm message being handled while a cell awaits? ipykernel 7 then runs it beside the cell, with no status."
     frame = sys._getframe(1)
@@ -156,19 +156,24 @@ def _comm_handled_concurrently():
 def _ack_concurrent_update():
     """Send the idle status a value update handled beside an awaiting cell lacks. The front end's widget model sends one
     update at a time and holds the next until the last one's idle status arrives: without it, only a field's first edit
-    during `await learn.fit_async(...)` would ever reach the kernel (button clicks are not held: they always arrive)."""
-    kernel = getattr(sys.modules.get('ipykernel.kernelbase'), 'Kernel', None)
-    kernel = kernel.instance() if kernel is not None and kernel.initialized() else None
+    (or a toggle's first click) during `await learn.fit_async(...)` would ever reach the kernel."""
+    kernel = current_kernel()
     if kernel is not None and _comm_handled_concurrently(): kernel._publish_status('idle', 'shell')
 
-def _lr_field(**kwargs):
-    "A `FloatText` whose every edit reaches the kernel, a cell awaiting or not."
-    import ipywidgets as W
-    class LRField(W.FloatText):
+def _edited(widget_class, **kwargs):
+    "A `widget_class` widget whose every edit reaches the kernel, a cell awaiting or not (`_ack_concurrent_update`)."
+    class Edited(widget_class):
         def _handle_msg(self, msg):
             try: super()._handle_msg(msg)
             finally: _ack_concurrent_update()
-    return LRField(**kwargs)
+    return Edited(**kwargs)
+
+def _blank(box):
+    """Empty what a controls widget's views show (its buttons, its labels): a widget view taken off the page keeps the
+    DOM it last showed, so views are emptied before they leave."""
+    for toggle in (box.actions, box.forks):
+        if toggle is not None: toggle.options, toggle.description = (), ''
+    box.lr.description = ''
 
 def _describe_request(step, action, value):
     "One entry of `Controls.log` in words."
@@ -177,104 +182,82 @@ def _describe_request(step, action, value):
     if action == 'stop': return f'{value} at step {step}'
     return f'{action}d at step {step}'  # paused, resumed
 
+def _again_from_the_running_cell(send):
+    """Call `send` (display updates) again as from the cell the kernel runs now, if that is another cell than this
+    thread's: a front end that takes updates only from the cell it runs (nbclient, which stores notebooks) then applies
+    them too, to whatever cell shows those outputs; JupyterLab has applied them already, and gets the same again."""
+    kernel = current_kernel()
+    if kernel is None: return
+    running = contextvars.Context().run(kernel.get_parent)  # no context: the shell's last request, not this thread's
+    if _msg_id(running) is None or _msg_id(running) == _msg_id(kernel.get_parent()): return
+    def again():
+        kernel.shell.display_pub.set_thread_parent(running)  # in this copy of the context only
+        send()
+    contextvars.copy_context().run(again)
+
+def _msg_id(parent): return ((parent or {}).get('header') or {}).get('msg_id')
+
+def _request_id():
+    "The id of the request (the cell) the kernel runs now; None outside a kernel."
+    kernel = current_kernel()
+    return _msg_id(kernel.get_parent()) if kernel is not None else None
+
 _VIEWS = ('widgets', 'html')
-_HTML_HINT = ('Controls, from any cell while the fit runs in the background: <code>learn.controls.pause()</code>, '
-              '<code>.resume()</code>, <code>.set_lr(lr)</code>, <code>.save()</code>, <code>.stop()</code>')
 
 class Dashboard(Callback):
-    "Bars, live figure beside the latest evaluations, and controls in one widget; replaced by a static summary when the fit ends."
+    "Bars, status and controls, the live figure beside the latest evaluations, updated in place; a summary at the end."
     order = Order.DISPLAY
     side_effects = main_process_only = True  # it draws and takes clicks; under DDP rank 0 alone does
 
-    def __init__(self, refresh=0.2, every=1.0, path=None, max_share=0.02, plot=True, theme=None, table_rows=8,
-                 snapshot_every=2.0, display='widgets', html_every=1.0):
+    def __init__(self, refresh=0.2, every=1.0, path=None, plot=True, theme=None, table_rows=8, display='widgets'):
         if display not in _VIEWS: raise ValueError(f"Dashboard(display=) must be 'widgets' or 'html', got {display!r}")
-        self.widgets, self.html_every = display == 'widgets', html_every
+        self.widgets = display == 'widgets'
         self.bars = _Bars(self, refresh)
-        self.plot = _Plot(self, every=every, path=path, max_share=max_share, theme=theme) if plot else None
+        self.plot = _Plot(self, every=every, path=path, theme=theme) if plot else None
         self.parts = [p for p in (self.bars, self.plot) if p is not None]
         self._tables = dispatch_tables(self.parts)  # built once, as the Learner's own dispatch, for both phases
-        self.refresh, self.table_rows, self.snapshot_every = refresh, table_rows, snapshot_every
-        self.widget, self.handles, self.rows, self.summary, self.built = None, [], [], None, False
-        self.png, self.png_width, self.status_text = None, None, ''  # what the views show: the widgets or the HTML
+        self.refresh, self.table_rows = refresh, table_rows
+        self.views, self.boxes, self.rows, self.summary, self.static, self.built = [], [], [], None, None, False
+        self.png = self.png_step = None  # the figure shown, and the last step it draws
+        self.status_text = ''
         self.ancestors = []  # the static summaries of the runs this fit was forked from, in this output: oldest first
         self._carry = self._fork_request = None  # a fork asked from this dashboard, and what the branch takes over
+        self._lock = threading.RLock()  # the views' updates, from the training, rendering and main threads
+        self._shown_in = set()  # the cells that show it already (cells queued behind an awaited fit)
 
     def _run(self, event):
         for _, method in self._tables[self.learn.training][event]: method()
 
-    # ---- the widget ----
-    def _build(self):
+    # ---- what the views show ----
+    def _status_bundle(self):
+        "The runs this one was forked from, the bars, the status line, and a hint or a note: HTML and text."
         learn = self.learn
-        controls = next((cb for cb in learn.cbs if isinstance(cb, Controls)), None)
-        self.live = controls is not None and threading.current_thread() is not threading.main_thread()
-        self.controls = controls
-        self._context = contextvars.copy_context()  # the calling cell's: a branch started from here trains in it
-        self.can_fork = self.widgets and self.live and getattr(learn, 'keeps_fork_points', lambda: False)()
-        self._fork_buttons, self._shown_steps = [], []  # a fork control beside each shown row, and the rows' steps
-        self._seen_cbs = list(learn.cbs)  # the Learner's and this fit's own (a schedule, say): a branch takes the latter
-        self._log_start = len(controls.log) if controls is not None else 0  # this fit's requests start here
-        self.png, self.png_width, self.status_text = None, None, ''  # what the views show: the widgets or the HTML
-        self.html_view = not self.widgets  # shown as HTML: asked for, or the front end turned out to have no widget manager
-        self._changed, self._snapshot_at, self.built = True, time.perf_counter(), True
-        if self.widgets: return self._build_widgets()
-        if self.handles:  # a branch's carried output (widgets only, today): updated in place
-            for handle in self.handles: handle.update(self._live_bundle(), raw=True)
-        elif in_jupyter():
-            from IPython.display import display
-            self.handles.append(display(self._live_bundle(), raw=True, display_id=True))
+        n_bars = 3 if learn.valid_dl is not None else 2  # their lines kept from the start
+        bars = ''.join(_bar_html(desc, bar) for desc, bar in self.bars.shown())
+        hint = '' if self.live and self.widgets else _HTML_HINT if self.live else _HINT
+        notes = [f'<i>{hint}</i>' if hint else '', self._note]
+        notes = ''.join(f'<div style="{_LINE};font-size:12px">{note}</div>' for note in notes if note)
+        status = self.status_text or 'starting'
+        page = (f'{_STYLE}<div class="nbtrainer-live">{"".join(h for h, _ in self.ancestors)}'
+                f'<div class="nbtrainer-bars" style="min-height:{n_bars * 20}px">{bars}</div>'
+                f'<div style="{_LINE}"><b>Fit running:</b> '
+                f'<span class="nbtrainer-status">{html.escape(status)}</span></div>'
+                f'{notes}</div>')
+        return {'text/html': page, 'text/plain': '\n'.join([*(t for _, t in self.ancestors), f'Fit running: {status}'])}
 
-    def _build_widgets(self):
-        import ipywidgets as W  # lazy: only in a notebook
-        learn, controls = self.learn, self.controls
-        n_bars = 3 if learn.valid_dl is not None else 2  # epoch, train, valid: their space kept from the start
-        self._bar_widgets, self.bar_box = {}, W.VBox(layout=W.Layout(min_height=f'{n_bars * _BAR_PX}px'))
-        self.stop_button = W.Button(description='Stop', icon='stop', button_style='danger', tooltip='end the fit after this batch')
-        self.pause_button = W.Button(description='Pause', icon='pause', tooltip='hold at the next step')
-        self.save_button = W.Button(description='Save', icon='save', tooltip='write a checkpoint at the next step (at once while paused)')
-        self.lr_box = _lr_field(value=learn.lr, description='LR', continuous_update=False, layout=W.Layout(width='170px'))
-        self.lr_button = W.Button(description='Set LR', tooltip='use this learning rate from the next step (or press Enter in the field)')
-        self.status = W.Label()
-        self.status.add_class('nbtrainer-status')
-        self.hint = W.HTML() if self.live else W.HTML(f'<i>{_HINT}</i>')
-        self._key = f'nbtrainer-snapshot-{id(self):x}-{learn.fit_start[1]}'  # this fit's saved snapshot
-        # The live widget hides the snapshot below it (a saved notebook without the widget shows it); bar text stays on
-        # one line, so that a long postfix never makes the bar taller.
-        style = W.HTML(f'<style>.{self._key}{{display:none}} .nbtrainer-dashboard .widget-html-content'
-                       f'{{white-space:nowrap;overflow:hidden}}</style>', layout=W.Layout(display='none'))
-        self.buttons = (self.stop_button, self.pause_button, self.save_button, self.lr_box, self.lr_button)
-        for b in self.buttons: b.disabled = not self.live
-        if self.live:
-            self.stop_button.on_click(self._on_stop)
-            self.pause_button.on_click(self._on_pause)
-            self.save_button.on_click(lambda _: self.controls.save())
-            self.lr_button.on_click(self._on_lr)
-            self.lr_box.observe(self._on_lr, names='value')  # Enter (or leaving the field) applies it
-            controls.listeners.append(self._on_request)  # feedback while the loop is held, too
-        width, height = self._figure_size()  # its slot kept from the start, shown with the first frame
-        self.image = W.Image(format='png', layout=W.Layout(width=f'{width}px', height=f'{height}px',
-                                                           visibility='hidden'))
-        self.table = W.HTML(layout=W.Layout(margin='0 0 0 12px', min_height=f'{(self.table_rows + 1) * _ROW_PX}px',
-                                            min_width=f'{self._table_width()}px'))  # beside the figure or below it
-        table = W.HBox([self.table, self._fork_column()]) if self.can_fork else self.table
-        view = W.HBox([self.image, table], layout=W.Layout(flex_flow='row wrap', align_items='flex-start'))
-        carried = [W.HTML(''.join(html_ for html_, _ in self.ancestors))] if self.ancestors else []
-        self.widget = W.VBox([*carried, style, self.bar_box, W.HBox(self.buttons), self.status, self.hint, view])
-        self.widget.add_class('nbtrainer-dashboard')
-        self.widget.add_class(f'{self._key}-live')  # hidden when the summary takes its place
-        if self.handles:  # a branch forked from this dashboard: it takes the parent's place in the same output
-            for handle in self.handles: handle.update(widget_bundle(self.widget, _LIVE_TEXT), raw=True)
-            if self.snapshot is not None: self.snapshot.update(self._snapshot(), raw=True)
-        elif in_jupyter():
-            self.handles.append(display_widget(self.widget, _LIVE_TEXT))
-            from IPython.display import display
-            self.snapshot = display(self._snapshot(), raw=True, display_id=True)
-        self.widget.comm.on_close(self._on_front_end_close)
-
-    def _on_front_end_close(self, _message):
-        """The front end closed the widget's comm while the fit runs: it has no widget manager (JupyterLab without the
-        ipywidgets extension closes every widget it is sent). The same output shows the HTML dashboard from then on."""
-        if self.summary is None: self.html_view = self._changed = True
+    def _figure_bundle(self):
+        "The live figure (its space kept until the first frame) beside the last `table_rows` evaluations."
+        width, height = _FIGURE_PX
+        if self.png is None: figure = f'<div style="width:{width}px;height:{height}px"></div>'
+        else: figure = (f'<img class="nbtrainer-figure" data-step="{self.png_step}" width="{width}" height="{height}" '
+                        f'style="width:{width}px;max-width:100%;height:auto" '
+                        f'src="data:image/png;base64,{base64.b64encode(self.png).decode()}"/>')
+        rows = self.rows[-self.table_rows:]
+        space = f'min-width:{self._table_width()}px;min-height:{(self.table_rows + 1) * _ROW_PX}px'
+        page = (f'<div class="nbtrainer-view" style="display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start">'
+                f'{figure}<div style="{space}">{_table_html(rows, self._keys) if rows else ""}</div></div>')
+        text = [format_header(self._keys), *(format_row(r, self._keys) for r in rows)] if rows else []
+        return {'text/html': page, 'text/plain': '\n'.join([f'Live figure at step {self.png_step}', *text])}
 
     def _table_width(self):
         "The table's width (px) with the columns a fit's rows usually have: it takes its place before the first row."
@@ -283,96 +266,136 @@ class Dashboard(Callback):
                                                  is not None else []), 'lr', 'time']
         return sum(_cell_width(k) for k in keys)
 
-    def _figure_size(self):
-        "The figure's size on the page (CSS px): the live plot's figure, or a new figure's default size."
-        from nbtrainer.plotting import DISPLAY_DPI, display_size, new_figure
-        fig = getattr(self.plot, 'fig', None)
-        if fig is not None: return display_size(fig)
-        return tuple(round(v * DISPLAY_DPI) for v in inspect.signature(new_figure).parameters['size'].default)
+    def _display(self, box=None):
+        "Show the dashboard in the current output: status and bars, the controls (a live fit's), the figure and table."
+        from IPython.display import display
+        view = {'status': display(self._status_bundle(), raw=True, display_id=True)}
+        if self.widgets and self.live:
+            view['box'] = box = box or self._new_controls()
+            view['controls'] = display(widget_bundle(box, _CONTROLS_TEXT), raw=True, display_id=True)
+        view['figure'] = display(self._figure_bundle(), raw=True, display_id=True)
+        return view
 
-    def _live_bundle(self):
-        "The fit so far as plain HTML (status, bars, figure, table): the HTML dashboard, and the widgets' snapshot."
-        bundle = self._bundle(f'Fit running: {self.status_text or "starting"}', bars=True,
-                              rows=self.rows[-self.table_rows:])  # the same bytes each time, however long the fit
-        if self.html_view and self.live and self.controls is not None:
-            bundle['text/html'] += f'<p style="margin:4px 0;font-size:12px"><i>{_HTML_HINT}</i></p>'
-        return bundle
+    def _refill(self, view, box=None):
+        "A view carried over from the fit this branch was forked from: its outputs show this fit now."
+        view['status'].update(self._status_bundle(), raw=True)
+        if 'controls' in view and self.widgets and self.live:
+            view['box'] = box = box or self._new_controls()
+            view['controls'].update(widget_bundle(box, _CONTROLS_TEXT), raw=True)
+        view['figure'].update(self._figure_bundle(), raw=True)
 
-    def _snapshot(self):
-        "The HTML dashboard below the live widget, hidden by its stylesheet: what a notebook saved mid-fit keeps."
-        bundle = self._live_bundle()
-        bundle['text/html'] = f'<div class="{self._key}">{bundle["text/html"]}</div>'
-        return bundle
+    def _update(self, part):
+        "Show the current `part` ('status' or 'figure') in every view of the running fit (the status if it changed)."
+        with self._lock:
+            if self.summary is not None or not self.views: return  # ended: the summary stays
+            bundle = self._status_bundle() if part == 'status' else self._figure_bundle()
+            if part == 'status':
+                if bundle == self._last_status: return
+                self._last_status = bundle
+            for view in self.views: view[part].update(bundle, raw=True)
 
-    def _update_view(self, now):
-        """Refresh the HTML: the dashboard itself every `html_every` s, or the widgets' hidden snapshot every
-        `snapshot_every` s when something changed (bars alone do not count: the live widgets show them)."""
-        if self.html_view:
-            if now - self._snapshot_at < self.html_every: return
-            if self.snapshot is not None:  # widgets that never showed: the dashboard's own output shows the HTML
-                self.snapshot.update({'text/plain': ''}, raw=True)
-                self.snapshot = None
-            self._snapshot_at = now
-            for handle in self.handles: handle.update(self._live_bundle(), raw=True)
-            return
-        if self.snapshot is None or not self._changed or now - self._snapshot_at < self.snapshot_every: return
-        self._snapshot_at, self._changed = now, False
-        self.snapshot.update(self._snapshot(), raw=True)
-
-    def _place_bar(self, slot, container):
-        "Put a bar's widget in its slot (epoch, train, valid: in that order), or empty the slot (None)."
-        old = self._bar_widgets.pop(slot, None)
-        if container is not None: self._bar_widgets[slot] = container
-        self.bar_box.children = [self._bar_widgets[s] for s in ('epoch', 'train', 'valid') if s in self._bar_widgets]
-        if old is not None: _close(old)  # the bar, its labels and their styles: not only the box
-
-    def _show_frame(self, png, fig):
-        from nbtrainer.plotting import display_size
-        width, height = display_size(fig)
-        self.png, self.png_width, self._changed = png, f'{width}px', True
-        if not self.widgets: return
-        self.image.value = png
-        if self.image.layout.visibility == 'hidden':  # the first frame: shown in its slot, at the figure's display size
-            layout = self.image.layout
-            layout.width, layout.height, layout.visibility = f'{width}px', f'{height}px', 'visible'
-
-    def _add_row(self, row):
-        """The latest evaluations: the table's one HTML widget gets the last `table_rows` rows. A widget per row leaked
-        in the browser (each closed row view kept its DOM: about 170 nodes an evaluation); a new value only replaces."""
-        self.rows.append(row)
-        self._changed = True
-        if not self.widgets: return
-        keys = list(dict.fromkeys(k for r in self.rows for k in r))
-        self.table.value = _table_html(self.rows[-self.table_rows:], keys)
-        self._shown_steps = [r['step'] for r in self.rows[-self.table_rows:]]
-        if self.can_fork: self._enable_forks(self.controls.paused)
-
-    def _fork_column(self):
-        "A fork control beside each of the table's rows (the i-th beside the i-th row), usable while paused."
+    # ---- the controls: one widget of three buttons, and the LR field ----
+    def _new_controls(self):
+        "Stop, Pause and Save as one `ToggleButtons` (one view in the browser, reset after a click), and the LR field."
         import ipywidgets as W
-        def button(i):
-            b = W.Button(description='fork', disabled=True, layout=W.Layout(visibility='hidden', **_FORK_BUTTON))
-            b.add_class('nbtrainer-fork')
-            b.style.font_size = '11px'
-            b.on_click(lambda _: self._on_fork(self._shown_steps[i]))
-            return b
-        self._fork_buttons = [button(i) for i in range(self.table_rows)]
-        header = W.Box(layout=W.Layout(height=f'{_ROW_PX}px', min_height=f'{_ROW_PX}px'))  # beside the table's header
-        return W.VBox([header, *self._fork_buttons], layout=W.Layout(margin='0'))
+        actions = _edited(W.ToggleButtons, options=self._actions(), index=None,
+                          tooltips=['end the fit after this batch', 'hold at the next step (Resume goes on)',
+                                    'write a checkpoint at the next step (at once while paused)'],
+                          style={'button_width': '84px'})
+        lr = _edited(W.FloatText, value=self.learn.lr, description='LR', continuous_update=False,
+                     tooltip='Enter (or leaving the field) applies it from the next step',
+                     layout=W.Layout(width='170px'))
+        box = W.HBox([actions, lr], layout=W.Layout(align_items='center', flex_flow='row wrap'))
+        box.add_class('nbtrainer-controls')
+        box.actions, box.lr, box.forks = actions, lr, None
+        actions.observe(lambda change: self._on_action(change['new'], actions), names='value')
+        lr.observe(self._on_lr, names='value')
+        self.boxes.append(box)
+        return box
 
-    def fork_button(self, step):
-        "The fork control beside the row of the evaluation at `step`, if that row is shown."
-        return self._fork_buttons[self._shown_steps.index(step)] if step in self._shown_steps else None
+    def _actions(self):
+        pause = 'Resume' if self.controls.paused else 'Pause'
+        return [('Stopping' if self._stopping else 'Stop', 'stop'), (pause, 'pause'), ('Save', 'save')]
 
-    def _enable_forks(self, paused):
-        "While paused, the rows whose state is kept can be forked from; otherwise none."
-        kept = set(self.learn.fork_steps()) if paused and self.can_fork and self._fork_request is None else set()
-        for i, button in enumerate(self._fork_buttons):
-            step = self._shown_steps[i] if i < len(self._shown_steps) else None
-            button.layout.visibility = 'hidden' if step is None else 'visible'
-            button.disabled = step not in kept
-            button.tooltip = f"fork at step {step}: back to that evaluation, on with the LR field's lr" if step else ''
+    def _sync_controls(self):
+        "The buttons' labels as the fit stands (Resume while paused, Stopping after a stop); the fork choices."
+        with self._lock:
+            for box in self.boxes:
+                box.actions.options = self._actions()
+                box.actions.disabled = self._stopping
+                self._sync_forks(box)
 
+    def _fork_choices(self):
+        "While paused: the steps of the shown evaluations whose state is kept, to fork from."
+        if not (self.can_fork and self.controls.paused and self._fork_request is None): return []
+        kept = set(self.learn.fork_steps())
+        return [r['step'] for r in self.rows[-self.table_rows:] if r['step'] in kept]
+
+    def _sync_forks(self, box):
+        "A 'fork at' choice beside the controls while paused (one more view, made at the first pause), else hidden."
+        import ipywidgets as W
+        steps = self._fork_choices()
+        if box.forks is None and steps:
+            box.forks = _edited(W.ToggleButtons, options=[], index=None, description='fork at',
+                                style={'button_width': '64px', 'description_width': '50px'})
+            box.forks.add_class('nbtrainer-fork')
+            box.forks.observe(lambda change: self._on_fork_choice(change['new'], box), names='value')
+            box.children = [*box.children, box.forks]
+        if box.forks is None: return
+        box.forks.options = [(str(step), step) for step in steps]
+        box.forks.tooltips = [f"back to the evaluation of step {step}, on with the LR field's lr" for step in steps]
+        box.forks.layout.display = '' if steps else 'none'
+
+    def press(self, action):
+        "What a click does, from code: 'stop', 'pause' (Pause, or Resume while paused), 'save', or a step to fork at."
+        if not self.boxes: raise ValueError('this fit has no controls: they come with learn.fit_async(...) and widgets')
+        box = self.boxes[0]
+        if isinstance(action, str): box.actions.value = action  # as the front end sets it
+        else: box.forks.value = action
+
+    # ---- control handlers: main thread, they only set flags on the Controls ----
+    def _on_action(self, action, toggle):
+        if action is None: return
+        toggle.index = None  # buttons, not a choice: ready for the next click
+        if action == 'stop': self.controls.stop('Stop button clicked')
+        elif action == 'save': self.controls.save()
+        elif self.controls.paused: self.controls.resume()
+        else: self.controls.pause()
+
+    def _on_lr(self, change):
+        try:
+            self.controls.set_lr(change['new'])
+            self._note = ''
+        except ValueError as e: self._note = f'<b>{html.escape(str(e))}</b>'
+        self._update('status')
+
+    def _on_fork_choice(self, step, box):
+        if step is None: return
+        box.forks.index = None
+        self._on_fork(step, box.lr.value)
+
+    def _on_fork(self, step, lr):
+        "End this fit, then fork at `step` and train the rest of the same fit with the LR field's lr, as a branch."
+        from nbtrainer.plotting import history_curves
+        if self._fork_request is not None or not self.controls.paused: return
+        try: lr = hyperparameter('lr', lr)
+        except ValueError as e:
+            self._note = f'<b>{html.escape(str(e))}</b>'
+            return self._update('status')
+        self.learn.recorder.flush()  # the loop is held: the parent's curves as they stand, drawn behind the branch
+        self._fork_request = step, lr, history_curves(self.learn.recorder)
+        self._note = f'forking at step {step} with lr {lr:.3g}: this fit ends here, and its branch takes its place'
+        self.controls.stop(f'forked at step {step} with lr {lr:.3g}')
+
+    # ---- the training thread ----
+    def _on_request(self):
+        "A request carried out: the status line says so, the buttons follow; a pause or a resume redraws the figure."
+        action = self.controls.log[-1][1]
+        if action == 'stop': self._stopping = True
+        if action in ('pause', 'resume', 'stop'): self._sync_controls()  # before the status line says it: a reader
+        self._show_status()                                               # that waits for the line finds them synced
+        self._update('status')
+        if self.plot is not None and action in ('pause', 'resume'): self.plot.render()
 
     def _show_status(self):
         learn = self.learn
@@ -380,42 +403,104 @@ class Dashboard(Callback):
         lr = '' if 'lr' in learn.status else f' · lr {learn.opt.param_groups[-1]["lr"]:.3g}'  # the base lr
         extras = ''.join(f' · {k} {v}' for k, v in learn.status.items())
         self.status_text = f'step {learn.step}{planned}{lr}{extras}'
-        if self.widgets: self.status.value = self.status_text
 
-    def _on_request(self):
-        "A request carried out: the status line says so; a pause or a resume redraws the figure where the fit stands."
+    def _tick(self, now):
+        "Every `refresh` seconds of a batch: the status and bars, and the figure's hand-over when it is due."
         self._show_status()
-        action = self.controls.log[-1][1]
-        if action in ('pause', 'resume', 'stop'): self._enable_forks(action == 'pause')
-        if self.plot is not None and action in ('pause', 'resume'): self.plot.render()
-        self._changed = True  # the snapshot says it at its next refresh: no extra work while requests are handled
+        self._update('status')
+        if self.plot is not None: self.plot.tick(now)
 
-    # ---- button handlers: main thread, they only set flags and touch their own button ----
-    def _on_stop(self, _):
-        self.controls.stop('Stop button clicked')
-        self.stop_button.description, self.stop_button.disabled = 'Stopping', True
+    def _show_frame(self, png, step, final=False):
+        "A frame from the rendering process (its thread): shown with the table; the final one is the summary's."
+        self.png, self.png_step = png, step
+        if not final: self._update('figure')
 
-    def _on_pause(self, _):
-        if self.controls.paused:
-            self.controls.resume()
-            self.pause_button.description, self.pause_button.icon = 'Pause', 'pause'
-        else:
-            self.controls.pause()
-            self.pause_button.description, self.pause_button.icon = 'Resume', 'play'
+    def _add_row(self, row):
+        "An evaluation's row: the table shows it with the next frame (or at once, with no live figure)."
+        self.rows.append(row)
+        self._keys = list(dict.fromkeys([*self._keys, *row]))
+        if self.plot is None or self.plot.error: self._update('figure')
 
-    def _on_fork(self, step):
-        "End this fit, then fork at `step` and train the rest of the same fit with the LR field's lr, as a branch."
-        from nbtrainer.plotting import history_curves
-        if self._fork_request is not None or not self.controls.paused: return
-        try: lr = hyperparameter('lr', self.lr_box.value)
-        except ValueError as e:
-            self.hint.value = f'<b>{html.escape(str(e))}</b>'
-            return
-        self.learn.recorder.flush()  # the loop is held: the parent's curves as they stand, drawn behind the branch
-        self._fork_request = step, lr, history_curves(self.learn.recorder)
-        self._enable_forks(False)
-        self.hint.value = f'forking at step {step} with lr {lr:.3g}: this fit ends here, and its branch takes its place'
-        self.controls.stop(f'forked at step {step} with lr {lr:.3g}')
+    # ---- events ----
+    def before_fit(self):
+        for part in self.parts: part.learn = self.learn
+        carry, self._carry = self._carry, None
+        views, self.ancestors, parent = carry if carry is not None else ([], [], None)
+        if self.plot is not None: self.plot.parent_curves = parent  # the parent run, faint behind the branch
+        self.rows, self.summary, self.static = [], None, None
+        self._build(views)
+        self._run('before_fit')
+
+    def _build(self, views):
+        learn = self.learn
+        controls = next((cb for cb in learn.cbs if isinstance(cb, Controls)), None)
+        self.controls = controls
+        self.live = controls is not None and threading.current_thread() is not threading.main_thread()
+        self._context = contextvars.copy_context()  # the calling cell's: a branch started from here trains in it
+        self.can_fork = self.widgets and self.live and getattr(learn, 'keeps_fork_points', lambda: False)()
+        self._seen_cbs = list(learn.cbs)  # the Learner's and this fit's own (a schedule, say): a branch takes those
+        self._log_start = len(controls.log) if controls is not None else 0  # this fit's requests start here
+        self.png = self.png_step = self._last_status = None
+        self.status_text, self._note, self._keys, self._stopping, self.boxes = '', '', [], False, []
+        self._start, self.built = clock.now(), True
+        box = self._new_controls() if self.widgets and self.live else None  # there to press even where nothing shows
+        if self.live:
+            controls.listeners.append(self._on_request)  # feedback while the loop is held, too
+            controls.waiting.append(self._show_waiting)  # a cell queued behind this fit, awaited, shows it
+        with self._lock:
+            self.views = views
+            for i, view in enumerate(views): self._refill(view, box if i == 0 else None)
+            if not views and in_jupyter(): self.views.append(self._display(box))
+
+    def before_train(self): self._run('before_train')
+    def after_train(self): self._run('after_train')
+    def before_validate(self): self._run('before_validate')
+    def after_validate(self): self._run('after_validate')
+    def after_eval(self): self._run('after_eval')
+    def after_epoch(self): self._run('after_epoch')
+    def after_batch(self): self.bars.after_batch()  # the plot hands over at the dashboard's ticks, not at every batch
+
+    def after_fit(self):
+        if not self.built: return  # the fit failed before the dashboard was built
+        learn = self.learn
+        try:
+            self._run('after_fit')  # the bars close; the final frame, as recorder.plot() draws it
+            self._show_status()
+        finally:  # whatever ended the fit, every view gives way to a static summary
+            if self.controls is not None:
+                controls = self.controls
+                for hooks, hook in ((controls.listeners, self._on_request), (controls.waiting, self._show_waiting)):
+                    if hook in hooks: hooks.remove(hook)
+            self.summary = describe_ending(learn, clock.now() - self._start)
+            self.static = self._static()
+            self._end_views()
+            self._start_branch()
+            if learn.fit_outcome == 'interrupted' and in_jupyter(): brief_traceback(learn.fit_exception, learn)
+
+    def _end_views(self):
+        """Every view gives way to the static summary, in the place of its figure: the controls go first (their views
+        emptied before they leave: a view taken off the page keeps the DOM it last showed), then the status."""
+        with self._lock:
+            for box in self.boxes: _blank(box)
+            ends = [(view[part], self.static if part == 'figure' else _EMPTY) for view in self.views
+                    for part in ('controls', 'status', 'figure') if part in view]
+            for handle, bundle in ends: handle.update(bundle, raw=True)
+            _again_from_the_running_cell(lambda: [handle.update(bundle, raw=True) for handle, bundle in ends])
+            for view in self.views: view.pop('box', None)
+            for box in self.boxes:  # their comms freed; not the box's: an output whose first widget closes is hidden
+                for part in (box.actions, box.lr, box.forks):
+                    if part is not None: part.close()
+            self.boxes = []
+
+    def _start_branch(self):
+        "A fork asked while paused: its branch starts once this fit has ended, in its outputs, below its summary."
+        request, self._fork_request = self._fork_request, None
+        if request is None or self.learn.fit_outcome != 'stopped': return
+        step, lr, curves = request
+        own = self._static(ancestors=False)
+        carry = (list(self.views), [*self.ancestors, (own['text/html'], own['text/plain'])], curves)
+        threading.Thread(target=self._context.run, args=(self._train_branch, step, lr, carry), name='nbtrainer-fork',
+                         daemon=True).start()
 
     def _train_branch(self, step, lr, carry):
         "In a thread of the parent's cell, once the parent fit has ended: fork, then the same fit with the new lr."
@@ -424,8 +509,9 @@ class Dashboard(Callback):
         try: learn.fork(step)
         except Exception as e:  # e.g. the state was dropped by a keep rule meanwhile: said where the branch would be
             failed = f'<p style="margin:4px 0"><b>Fork at step {step} failed: {html.escape(str(e))}</b></p>'
-            for handle in carry[0]: handle.update({'text/html': self.static['text/html'] + failed,
-                                                   'text/plain': f'{self.static["text/plain"]}\nFork failed: {e}'}, raw=True)
+            failed = {'text/html': self.static['text/html'] + failed,
+                      'text/plain': f'{self.static["text/plain"]}\nFork failed: {e}'}
+            for view in carry[0]: view['figure'].update(failed, raw=True)
             return
         self._carry = carry
         try: asyncio.run(learn.fit_async(**learn.progress.call, cbs=self._fit_cbs(), lr=lr))
@@ -436,155 +522,70 @@ class Dashboard(Callback):
         return [cb for cb in self._seen_cbs if cb not in self.learn.cbs and not isinstance(cb, Controls)
                 and not type(cb).__name__.startswith('_')]  # not the controls and helpers fit_async adds itself
 
-    def _on_lr(self, _):
-        try:
-            self.controls.set_lr(self.lr_box.value)
-            self.hint.value = ''
-        except ValueError as e: self.hint.value = f'<b>{html.escape(str(e))}</b>'
-
-    # ---- events ----
-    def before_fit(self):
-        for part in self.parts: part.learn = self.learn
-        carry, self._carry = self._carry, None
-        handles, self.ancestors, parent, self.snapshot = carry if carry is not None else ([], [], None, None)
-        if self.plot is not None: self.plot.parent_curves = parent  # the parent run, faint behind the branch
-        self.rows, self.handles, self.summary, self._last = [], handles, None, time.perf_counter()
-        self._start = self._last
-        self._build()
-        self._run('before_fit')
-
-    def before_train(self): self._run('before_train')
-    def after_train(self): self._run('after_train')
-    def before_validate(self): self._run('before_validate')
-    def after_validate(self): self._run('after_validate')
-    def after_eval(self): self._run('after_eval')
-    def after_epoch(self): self._run('after_epoch')
-
-    def after_batch(self):
-        self._run('after_batch')
-        now = time.perf_counter()
-        if now - self._last >= self.refresh:
-            self._last = now
-            self._show_status()
-            self._update_view(now)
-
-    def after_fit(self):
-        if not self.built: return  # the fit failed before the dashboard was built
-        learn = self.learn
-        try:
-            self._run('after_fit')
-            self._show_status()
-        finally:  # whatever ended the fit, every view gives way to a static summary
-            if self.controls is not None and self._on_request in self.controls.listeners:
-                self.controls.listeners.remove(self._on_request)
-            self.summary = describe_ending(learn, time.perf_counter() - self._start)
-            self.static = self._static()
-            self._end_views()
-            self._start_branch()
-            if learn.fit_outcome == 'interrupted' and in_jupyter(): brief_traceback(learn.fit_exception, learn)
-
-    def _start_branch(self):
-        "A fork asked while paused: its branch starts once this fit has ended, in this output, below this fit's summary."
-        request, self._fork_request = self._fork_request, None
-        if request is None or self.learn.fit_outcome != 'stopped': return
-        step, lr, curves = request
-        own = self._static(ancestors=False)
-        carry = (list(self.handles), [*self.ancestors, (own['text/html'], own['text/plain'])], curves, self.snapshot)
-        threading.Thread(target=self._context.run, args=(self._train_branch, step, lr, carry), name='nbtrainer-fork',
-                         daemon=True).start()
-
-    def _end_views(self):
-        """Every view of the widget gives way to the static summary, its controls gone: the displayed outputs become the
-        summary, and the widget holds it too, for a view the display handles cannot reach."""
-        if self.widgets and not self.html_view and self.handles and self.snapshot is not None: self._hide_then_replace()
-        else:
-            for handle in self.handles: handle.update(self.static, raw=True)
-        if self.widgets:  # after the outputs: where they replaced every view, no view is made of the summary
-            import ipywidgets as W
-            old = list(self.widget.children)
-            self.widget.children = [W.HTML(self.static['text/html'])]
-            for child in old: _close(child)  # closing frees the widgets' comms
-        if self.snapshot is not None: self.snapshot.update({'text/plain': ''}, raw=True)  # the summary replaced it
-
-    def _hide_then_replace(self):
-        """Replace the live widget by the summary without leaving its views' DOM in the browser. ipywidgets' front end
-        never frees a widget view (each view's model holds it, and JupyterLab holds every comm's model): a view taken
-        off the page keeps the DOM it showed. So the summary first takes the widget's place, in the snapshot's output
-        just below it, in one change on the page (its stylesheet hides the widget); the hidden views are emptied; then
-        the widget's own output gets the summary and hides the snapshot's copy, again in one change."""
-        first, *others = self.handles  # the output above the snapshot, and views shown again by `show`
-        for handle in others: handle.update(self.static, raw=True)
-        end, html_ = f'{self._key}-end', self.static['text/html']
-        self.snapshot.update({**self.static, 'text/html': f'<style>.{self._key}-live{{display:none}}</style>'
-                                                          f'<div class="{end}">{html_}</div>'}, raw=True)
-        _blank(self.widget)
-        first.update({**self.static, 'text/html': f'<style>.{end}{{display:none}}</style>{html_}'}, raw=True)
-
     def _requests(self):
         "What the controls carried out during this fit, in one line."
         if self.controls is None: return ''
         return ' · '.join(_describe_request(*entry) for entry in self.controls.log[self._log_start:])
 
     def _static(self, ancestors=True):
-        "A plain output bundle: kept by a saved notebook, unlike widgets; the runs this one was forked from above it."
-        return self._bundle(self.summary, ancestors)
-
-    def _bundle(self, headline, ancestors=True, bars=False, rows=None):
-        "The fit as HTML (headline, bars, requests, figure, table, failure) and text, with no widget; its ancestors' above."
-        learn, requests, rows = self.learn, self._requests(), self.rows if rows is None else rows
+        "The summary as plain HTML and text (kept by a saved notebook): headline, requests, figure, table, failure."
+        learn, requests, rows = self.learn, self._requests(), self.rows
         carried = self.ancestors if ancestors else []
-        parts = [html_ for html_, _ in carried] + [f'<p style="margin:4px 0"><b>{html.escape(headline)}</b></p>']
-        if bars:  # their space kept from the start, as the widgets' is
-            n_bars = 3 if learn.valid_dl is not None else 2
-            shown = ''.join(_bar_html(desc, bar) for desc, bar in self.bars.shown())
-            parts.append(f'<div class="nbtrainer-bars" style="min-height:{n_bars * 20}px">{shown}</div>')
+        parts = [html_ for html_, _ in carried] + [f'<p style="margin:4px 0"><b>{html.escape(self.summary)}</b></p>']
         if requests: parts.append(f'<p style="margin:4px 0;font-size:12px">Requests: {html.escape(requests)}</p>')
         figure = ''
         if self.png:
-            width = self.png_width
-            figure = (f'<img style="width:{width};max-width:100%" width="{width[:-2]}" '
+            width = _FIGURE_PX[0]
+            figure = (f'<img style="width:{width}px;max-width:100%" width="{width}" '
                       f'src="data:image/png;base64,{base64.b64encode(self.png).decode()}"/>')
-        table = f'<div style="max-height:320px;overflow-y:auto">{_table_html(rows)}</div>' if rows else ''
+        table = _summary_table(rows) if rows else ''
         parts.append(f'<div style="display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start">{figure}{table}</div>')
-        if self.summary is not None and learn.fit_outcome == 'failed':  # never a past fit's failure mid-fit
+        if learn.fit_outcome == 'failed':
             trace = ''.join(traceback.format_exception(learn.fit_exception))
             parts.append(f'<details><summary>Traceback</summary><pre>{html.escape(trace)}</pre></details>')
         keys = list(dict.fromkeys(k for row in rows for k in row))
-        text = '\n'.join([*(text for _, text in carried), headline, *([f'Requests: {requests}'] if requests else []),
+        text = '\n'.join([*(text for _, text in carried), self.summary, *([f'Requests: {requests}'] if requests else []),
                           *([format_header(keys)] if keys else []), *(format_row(r, keys) for r in rows)])
         return {'text/html': '\n'.join(parts), 'text/plain': text}
 
+    # ---- shown again ----
     def show(self):
-        "Display this dashboard again in the current cell: live while its fit runs (controls working), else its summary."
+        "Display this dashboard again in the current cell: live while its fit runs (working controls), or its summary."
         from IPython.display import display
-        if self.summary is None and self.built and self.html_view:  # one more HTML output, refreshed with the others
-            self.handles.append(display(self._live_bundle(), raw=True, display_id=True))
-        elif self.summary is None and self.built:
-            self.handles.append(display_widget(self.widget, _LIVE_TEXT))  # the same widget: every view updates
-        elif self.summary is not None:
-            display(self.static, raw=True)
-            if self.can_fork and self.learn.fork_steps(): self._fork_bar()
-        else: raise ValueError('this dashboard has not shown a fit yet')
+        if _request_id() in self._shown_in: return  # this cell shows it already: it was queued behind the fit
+        if not self.built: raise ValueError('this dashboard has not shown a fit yet')
+        with self._lock:
+            if self.summary is None: return self.views.append(self._display())
+        display(self.static, raw=True)
+        if self.can_fork and self.learn.fork_steps(): self._fork_bar()
+
+    def _show_waiting(self, request):
+        "In a cell queued behind this (awaited) fit: the live dashboard, so that a reloaded page gets the controls back."
+        self._shown_in.add(request['header']['msg_id'])
+        with self._lock:
+            if self.summary is None: self.views.append(self._display())
 
     def _fork_bar(self):
-        "After the fit: fork at a kept evaluation and train the rest of that fit as a branch, whose dashboard replaces this bar."
+        "After the fit: fork at a kept evaluation and train the rest of that fit as a branch, its dashboard in the bar's."
         import ipywidgets as W
+        from IPython.display import display
         from nbtrainer.plotting import history_curves
         steps = self.learn.fork_steps()
         pick = W.Dropdown(options=steps, value=steps[-1], description='fork at', layout=W.Layout(width='170px'))
-        lr_box = _lr_field(value=self.learn.lr, description='lr', layout=W.Layout(width='170px'))
+        lr_box = _edited(W.FloatText, value=self.learn.lr, description='lr', layout=W.Layout(width='170px'))
         button, note = W.Button(description='Fork and train', button_style='primary'), W.HTML()
         bar = W.HBox([pick, lr_box, button, note])
         bar.add_class('nbtrainer-fork-bar')
-        handle = display_widget(bar, 'Fork controls (live while the kernel runs)')
+        view = {'status': display(_EMPTY, raw=True, display_id=True),  # the branch's outputs, around the bar
+                'controls': display_widget(bar, 'Fork controls (live while the kernel runs)'),
+                'figure': display(_EMPTY, raw=True, display_id=True)}
         def fork(_):
             try: lr = hyperparameter('lr', lr_box.value)
             except ValueError as e:
                 note.value = f'<b>{html.escape(str(e))}</b>'
                 return
             button.disabled = True
-            carry = ([handle], [], history_curves(self.learn.recorder), None)  # this fit's summary keeps its output
-            # the bar is not closed: JupyterLab hides an output whose first widget closes, whatever replaced it
+            carry = ([view], [], history_curves(self.learn.recorder))  # this fit's summary keeps its own output
             threading.Thread(target=contextvars.copy_context().run, args=(self._train_branch, pick.value, lr, carry),
                              name='nbtrainer-fork', daemon=True).start()
         button.on_click(fork)
@@ -599,7 +600,7 @@ def dashboard(learn):
                          'dashboard=False), or pass cbs=[Dashboard()]')
     dash.show()
 
-# %% ../nbs/17_dashboard.ipynb #34375005
+# %% ../nbs/17_dashboard.ipynb #4607188e
 DISPLAYS = ('widgets', 'html', 'text')
 
 def display_kind(display=None):
@@ -614,9 +615,12 @@ def display_kind(display=None):
 
 @fills('display')  # what Learner(progress=True) shows
 def progress_display(dashboard=True, display=None):
-    """The display `Learner(progress=True)` installs: in Jupyter the `Dashboard` as widgets or as HTML (plain bars with
-    `dashboard=False`), text bars in a terminal, a script, or with `display='text'`."""
+    """The display `Learner(progress=True)` installs: in Jupyter the `Dashboard` with or without its controls widget
+    (plain bars with `dashboard=False`), text bars in a terminal, a script, or with `display='text'`."""
     kind = display_kind(display)
     if kind == 'text': return ProgressCallback(file=sys.stdout if in_jupyter() else None)
     if not dashboard: return ProgressCallback() if kind == 'widgets' else ProgressCallback(file=sys.stdout)
     return Dashboard(display=kind)
+
+
+if in_jupyter(): Renderer.shared().start()  # the kernel's rendering process, warm by the first fit: started on import

@@ -180,7 +180,7 @@ def profile(learn, steps=20, path='runs/trace.json', warmup=2, table=False):
     writable_folder(path.parent, 'profile')  # before profiling, not after
     with torch.profiler.profile(activities=activities, record_shapes=False,
                                 schedule=schedule(wait=0, warmup=warmup, active=steps, repeat=1)) as prof:
-        learn.probe(warmup + steps, cbs=[_StepProfiler(prof)])
+        learn.probe(warmup + steps, cbs=[_StepProfiler(prof)], name='profile')
     prof.export_chrome_trace(str(path))
     if table: print(prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=15))  # or: prof.key_averages()
     return prof

@@ -6,11 +6,12 @@ Docs: https://nbtrainer.github.io/nbtrainer/metrics.html.md"""
 
 # %% auto #0
 __all__ = ['IGNORE_INDEX', 'CLASS_METRICS', 'MULTILABEL_METRICS', 'REGRESSION_METRICS', 'RESERVED_COLUMNS', 'REGRESSION_LOSSES',
-           'Metric', 'state_leaves', 'metric_name', 'as_float', 'computed', 'class_dim', 'is_token_target',
-           'is_multilabel', 'class_targets', 'class_scores', 'Mean', 'example_losses', 'Loss', 'Perplexity',
-           'label_decisions', 'Accuracy', 'ExactMatch', 'TopKAccuracy', 'ConfusionMatrix', 'safe_ratio', 'Precision',
-           'Recall', 'F1', 'MCC', 'MAE', 'MSE', 'RMSE', 'R2', 'describe_task', 'FunctionMetric',
-           'takes_class_probabilities', 'takes_probabilities', 'get_metric', 'default_metrics', 'make_metrics']
+           'ELEMENTWISE_LOSSES', 'CLASS_INDEX_LOSSES', 'Metric', 'state_leaves', 'metric_name', 'as_float', 'computed',
+           'class_dim', 'is_token_target', 'is_multilabel', 'class_targets', 'class_scores', 'Mean', 'example_losses',
+           'Loss', 'Perplexity', 'label_decisions', 'Accuracy', 'ExactMatch', 'TopKAccuracy', 'ConfusionMatrix',
+           'safe_ratio', 'Precision', 'Recall', 'F1', 'MCC', 'MAE', 'MSE', 'RMSE', 'R2', 'describe_task',
+           'FunctionMetric', 'takes_class_probabilities', 'takes_probabilities', 'described_name', 'get_metric',
+           'is_loss_of', 'loss_name', 'default_metrics', 'make_metrics']
 
 # %% ../nbs/01_metrics.ipynb #dcc29123
 import math, re, warnings
@@ -525,6 +526,22 @@ def takes_probabilities(loss_func):
     "A loss of probabilities (`BCELoss`), whose binary and multi-label outputs are positive above 0.5, not 0."
     return loss_func is F.binary_cross_entropy or isinstance(loss_func, torch.nn.BCELoss)
 
+_TASK_PREFIX = re.compile(r"^(Binary|Multiclass|Multilabel)(?=[A-Z])")
+_PLAIN = ("accuracy", "top_{k}_accuracy")  # averaged over all examples ('micro'), they are the plain fraction right
+
+def described_name(metric):
+    "A name that says what another library's metric computes: `MulticlassAccuracy(average='macro')` → `accuracy_macro`."
+    kind = _TASK_PREFIX.sub("", type(metric).__name__)
+    name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", kind).lower()
+    name = re.sub(r"_score$", "", name)  # F1Score: f1, as the built-in
+    k = getattr(metric, "top_k", None)
+    if isinstance(k, int) and k > 1: name = f"top_{k}_{name}"
+    if not hasattr(metric, "average"): return name
+    average = metric.average
+    if average in (None, "none"): return f"{name}_per_class"
+    plain = average == "micro" and re.sub(r"top_\d+_", "top_{k}_", name) in _PLAIN
+    return name if plain else f"{name}_{average}"
+
 def get_metric(spec, loss_func=None):
     "A metric from a name or a class (a fresh instance), a metric-like object (as is) or a function (a `FunctionMetric`)."
     metric = _builtin_metric(spec, loss_func)
@@ -536,7 +553,7 @@ def get_metric(spec, loss_func=None):
         spec = spec()  # another library's metric class, e.g. torchmetrics.MeanSquaredError: a fresh instance
     if _is_metric_like(spec):
         if not getattr(spec, "name", None):
-            try: spec.name = type(spec).__name__.lower()
+            try: spec.name = described_name(spec)
             except (AttributeError, TypeError): pass  # read-only or __slots__: keep it nameless
         return spec
     if callable(spec) and not isinstance(spec, type): return FunctionMetric(spec)
@@ -546,11 +563,25 @@ def get_metric(spec, loss_func=None):
 RESERVED_COLUMNS = ('epoch', 'batch', 'step', 'lr', 'lrs', 'loss', 'train_loss', 'valid_loss', 'grad_norm',
                     'skipped_steps', 'time')
 REGRESSION_LOSSES = (F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss)
+ELEMENTWISE_LOSSES = (*REGRESSION_LOSSES, F.binary_cross_entropy, F.binary_cross_entropy_with_logits)  # pred and target alike
+CLASS_INDEX_LOSSES = (F.cross_entropy, F.nll_loss)  # targets: one class index per example (or token), int64
+_LOSS_MODULES = {F.mse_loss: torch.nn.MSELoss, F.l1_loss: torch.nn.L1Loss, F.smooth_l1_loss: torch.nn.SmoothL1Loss,
+                 F.huber_loss: torch.nn.HuberLoss, F.binary_cross_entropy: torch.nn.BCELoss,
+                 F.binary_cross_entropy_with_logits: torch.nn.BCEWithLogitsLoss, F.cross_entropy: torch.nn.CrossEntropyLoss,
+                 F.nll_loss: torch.nn.NLLLoss}
+
+def is_loss_of(loss, kinds):
+    "Is `loss` one of the loss functions `kinds`, or an instance of their `nn` module (`F.mse_loss`: `nn.MSELoss()`)?"
+    return any(loss is f for f in kinds) or isinstance(loss, tuple(_LOSS_MODULES[f] for f in kinds))
+
+def loss_name(loss):
+    "A loss's name for messages: `cross_entropy`, `MSELoss`, a function's name."
+    return getattr(loss, '__name__', type(loss).__name__)
 
 def default_metrics(loss_func):
     "Accuracy for a classification loss; none for a regression loss, which accuracy would only misdescribe."
-    if loss_func in REGRESSION_LOSSES or type(loss_func).__name__ in ('MSELoss', 'L1Loss', 'SmoothL1Loss', 'HuberLoss'):
-        warnings.warn(f'{getattr(loss_func, "__name__", type(loss_func).__name__)} is a regression loss: no default '
+    if is_loss_of(loss_func, REGRESSION_LOSSES):
+        warnings.warn(f'{loss_name(loss_func)} is a regression loss: no default '
                       'metrics (accuracy would mean nothing); pass metrics= to choose some', stacklevel=3)
         return ()
     return ('accuracy',)

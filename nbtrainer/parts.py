@@ -35,6 +35,7 @@ class FitProgress:
         self.fit_start, self.epoch_done = (0, 0), False
         self.n_epochs = self.n_steps = self.eval_every = self.steps_per_epoch = None
         self.end_epoch = self.end_step = math.inf
+        self.probing = None  # the probe run under way ('lr_find', 'profile'): steps that are not training, undone after
 
     def start_fit(self):
         "A fit starts here: the steps and epochs it plans count from now (after a fork: from the forked fit's start)."
@@ -369,6 +370,8 @@ class FitState:
         return True
 
 # %% ../nbs/00f_parts.ipynb #6642e65f
+_SPLIT_HINT = 'split the model into groups with Learner(splitter=head_body) (or by_depth())'
+
 def spread_lrs(lr, n):
     "(base lr, per-group scales) for `n` groups from a number, `slice(lo, hi)` (geometric), a list, or `x.lrs(n)`"
     if hasattr(lr, 'lrs'): lr = list(lr.lrs(n))
@@ -379,10 +382,16 @@ def spread_lrs(lr, n):
         if lr.start is None: lrs = [hi / 10] * (n - 1) + [hi]
         else:
             lo = hyperparameter('lr (the slice\'s start)', lr.start)
+            if n == 1 and lo != hi:  # one group would train at hi alone: the range is lost, as a list of 2 is refused
+                raise ValueError(f'lr=slice({lo:g}, {hi:g}) spreads lrs from {lo:g} to {hi:g} over parameter groups, but the '
+                                 f'optimizer has one parameter group, which would train at {hi:g} alone: {_SPLIT_HINT}, or give one lr '
+                                 f'(lr={hi:g})')
             lrs = [lo * (hi / lo) ** (i / (n - 1)) for i in range(n - 1)] + [hi]
     elif isinstance(lr, (list, tuple)):
-        if len(lr) != n: raise ValueError(f'lr is a list of {len(lr)} lrs but the optimizer has {n} parameter groups: '
-                                          'give one lr per group, or a slice(lo, hi) to spread them')
+        if len(lr) != n:
+            groups = 'one parameter group' if n == 1 else f'{n} parameter groups'
+            raise ValueError(f'lr is a list of {len(lr)} lrs but the optimizer has {groups}: ' +
+                             (f'{_SPLIT_HINT}, or give one lr' if n == 1 else 'give one lr per group, or a slice(lo, hi) to spread them'))
         lrs = [hyperparameter(f'lr[{i}]', v) for i, v in enumerate(lr)]
     else: return hyperparameter('lr', lr), [1.0] * n
     base = lrs[-1]
@@ -541,10 +550,11 @@ def restore_snapshot(learn, saved):
     for cb, state in zip(learn.cbs, saved['cb_states']): cb.load_state_dict(state)
     set_rng_state(saved['rng'], learn.train_dl)
 
-def probe_steps(learn, steps, cbs=()):
+def probe_steps(learn, steps, cbs=(), name='probe'):
     "Train `steps` steps with `cbs`, no validation nor callbacks with side effects, then put the Learner back exactly."
     saved, modes = snapshot_of(learn), [m.training for m in learn.model.modules()]
     try:
+        learn.progress.probing = name  # what callbacks read (learn.probing): these steps are not training; restore clears it
         learn.remove_cbs([cb for cb in learn.cbs if getattr(cb, 'side_effects', False)])
         learn.valid_dl = None
         learn.fit(steps=steps, cbs=cbs)
@@ -575,6 +585,7 @@ class PartNames:
     fit_outcome, fit_exception = _delegate('fit_state', 'outcome'), _delegate('fit_state', 'exception')
     metric_values, eval_row = _delegate('validation', 'values'), _delegate('validation', 'row')
     eval_prefix = _delegate('validation', 'fit_prefix')
+    probing = _delegate('progress', 'probing')  # None, or the probe run under way ('lr_find', 'profile')
     valid_loss = property(lambda self: self.validation.loss, doc='The validation loss, accumulated on the device')
     accumulate = property(lambda self: self.window.n, doc='Micro-batches per optimizer step')
     window_size = property(lambda self: self.window.size, doc="The current window's micro-batches")
@@ -609,6 +620,6 @@ class PartNames:
         "Put back a `snapshot`: weights, optimizer, scaler, the parts, callbacks and their state, random state."
         restore_snapshot(self, saved)
 
-    def probe(self, steps, cbs=()):
+    def probe(self, steps, cbs=(), name='probe'):
         "Train `steps` steps with `cbs`, no validation nor callbacks with side effects, then put the Learner back exactly."
-        probe_steps(self, steps, cbs)
+        probe_steps(self, steps, cbs, name)

@@ -577,8 +577,8 @@ def test_torchmetrics_objects_on_two_ranks_equal_sklearn(n):
     _, y = dataset(n, seed=3).tensors
     labels = preds.argmax(1)
     assert values0 == values1
-    assert values0['multiclassaccuracy'] == pytest.approx(accuracy_score(y, labels), abs=1e-6)
-    assert values0['multiclassf1score'] == pytest.approx(f1_score(y, labels, average='macro'), abs=1e-6)
+    assert values0['accuracy'] == pytest.approx(accuracy_score(y, labels), abs=1e-6)
+    assert values0['f1_macro'] == pytest.approx(f1_score(y, labels, average='macro'), abs=1e-6)
 
 
 def train_on_unsharded(shard):

@@ -1,18 +1,20 @@
 """End to end in a real frontend: JupyterLab on loopback, driven in Debian's headless Chromium by Playwright, with real
 clicks, in JupyterLab's dark theme.
 
-1. A fit with `await learn.fit_async(...)`: the dashboard renders (bars, buttons, a figure that changes, drawn at 2x
-   pixel density in the dark theme's colours, beside a table that keeps the last rows). Pause; while paused, an LR typed
-   with Enter and a Save are carried out at once, and the status line says so; Resume; then Save and Stop: the pending
-   save is carried out before the fit ends. The fit ends early with `after_fit` run, and the dashboard becomes a static
-   summary that says it was stopped by the button, lists the requests, and has no buttons left.
+1. A fit with `await learn.fit_async(...)`: the dashboard renders (bars, status, controls, a figure that changes, drawn at
+   2x pixel density in the dark theme's colours, beside a table that keeps the last rows). LRs typed (Enter, Tab, a
+   click elsewhere) each reach the loop. Pause; while paused, an LR typed with Enter and a Save are carried out at
+   once, and the status line says so; Resume; then Save and Stop: the pending save is carried out before the fit ends.
+   The fit ends early with `after_fit` run, and the dashboard becomes a static summary that says it was stopped by the
+   button, lists the requests, and has no controls left.
 2. A fit that fails: one short line in the cell, and a summary with the error and its folded traceback.
 3. The LR finder: the slider, "Use this LR", `learn.lr` checked in the kernel; the figure above it is a plain image that
    marks the chosen lr.
 4. The notebook is saved and read back from disk: the summaries and the LR finder's figure are kept as plain outputs.
 5. A fit started in the background (`learn.fit_async(...)` not awaited), then a browser reload (which loses the running
-   fit's dashboard), then `learn.dashboard()` in another cell: the live dashboard again, whose Stop button ends the fit,
-   and whose summary replaces it.
+   fit's dashboard), then `learn.dashboard()` in another cell: the live dashboard again, whose figure is current (its
+   last step within a few seconds of the status line's, not the first frame's), whose Stop button ends the fit, and
+   whose summary replaces it.
 
 Screenshots go to `test-artifacts/ui/`. Recipe and pitfalls: the UI-testing notes (kernel readiness, selectors scoped to
 outputs). Every wait is on a condition with a deadline: the test passes on a loaded machine."""
@@ -89,6 +91,17 @@ def sessions(port):
     return json.load(urllib.request.urlopen(f'http://127.0.0.1:{port}/api/sessions'))
 
 
+def read_saved(path, deadline=30):
+    """The notebook at `path` as last saved. JupyterLab's save may be writing it as we read (a file cut short is not
+    JSON): read it again until it parses, for up to `deadline` seconds."""
+    end = time.time() + deadline
+    while True:
+        try: return nbformat.read(path, as_version=4)
+        except (ValueError, OSError) as error:  # nbformat's NotJSONError is a ValueError; a replace may hide the file
+            if time.time() > end: raise AssertionError(f'{path} did not parse within {deadline} s: {error}') from error
+            time.sleep(0.1)
+
+
 @contextlib.contextmanager
 def lab_server(folder, env=None):
     "A fresh JupyterLab server on loopback serving `folder`, in the dark theme, the news toast off; yields its port."
@@ -156,6 +169,17 @@ def run_cell(page, i):
 def status_text(page, dash): return dash.locator('.nbtrainer-status').inner_text()
 
 
+def control(dash, label):
+    "The dashboard's control button labelled `label` (Stop, Pause, Resume, Save: one ToggleButtons widget)."
+    return dash.locator(f'.nbtrainer-controls button:has-text("{label}")')
+
+
+def steps_shown(dash):
+    "(the status line's step, the live figure's last step) of a dashboard, at the same moment."
+    return dash.evaluate('''d => [parseInt(d.querySelector('.nbtrainer-status').innerText.match(/step (\\d+)/)[1]),
+                                    parseInt(d.querySelector('.nbtrainer-figure').dataset.step)]''')
+
+
 def wait_for_status(page, dash, pattern, timeout=60):
     "Wait until the dashboard's status line matches `pattern`; return the match."
     deadline = time.time() + timeout
@@ -193,61 +217,64 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             page.click('li[data-command="notebook:run-all-above"]')
 
             # ---- 1. The dashboard of an awaited fit_async, and its controls ----
-            dash = cell(page, FIT).locator('.nbtrainer-dashboard')
-            stop = dash.locator('.widget-button:has-text("Stop")')
+            dash = cell(page, FIT)  # its outputs: status and bars, controls, figure beside the table
+            stop = control(dash, 'Stop')
             stop.wait_for(timeout=120_000)
             lap('dashboard shown')
             frames, deadline = set(), time.time() + 120
             while (len(frames) < 2 or dash.locator('.nbtrainer-history tbody tr').count() < 8) and time.time() < deadline:
-                frames |= set(page.evaluate("[...document.querySelectorAll('.nbtrainer-dashboard img')].map(i => i.src)"))
+                frames |= set(page.evaluate("[...document.querySelectorAll('.nbtrainer-figure')].map(i => i.src)"))
                 page.wait_for_timeout(100)
-            found = {'bars': dash.locator('.widget-hprogress').count(), 'buttons': dash.locator('.widget-button').count(),
-                     'figure': dash.locator('img').count(), 'table rows': dash.locator('.nbtrainer-history tbody tr').count()}
+            found = {'bars': dash.locator('.nbtrainer-bars progress').count(),
+                     'buttons': dash.locator('.nbtrainer-controls button').count(),
+                     'figure': dash.locator('.nbtrainer-figure').count(),
+                     'table rows': dash.locator('.nbtrainer-history tbody tr').count()}
             lap(f'rendered {found}; {len(frames)} distinct figure frames')
-            assert found['bars'] >= 2 and found['buttons'] >= 4 and found['figure'] == 1, found
+            assert found['bars'] >= 2 and found['buttons'] == 3 and found['figure'] == 1, found
             assert len(frames) >= 2, 'the live figure did not change during the fit'
             assert found['table rows'] == 8  # the last 8 evaluations, however many ran
-            figure_box, table_box = dash.locator('img').bounding_box(), dash.locator('.nbtrainer-history').first.bounding_box()
+            figure_box = dash.locator('.nbtrainer-figure').bounding_box()
+            table_box = dash.locator('.nbtrainer-history').first.bounding_box()
             beside = figure_box['x'] + figure_box['width'] <= table_box['x'] + 1  # a wide page; else the table is below
             assert beside or figure_box['y'] + figure_box['height'] <= table_box['y'] + 1  # the figure first
-            measured['dashboard_height_px'] = dash.bounding_box()['height']
-            assert measured['dashboard_height_px'] < 1100  # bars, buttons, figure, 8 rows: it stops growing
-            rgb, natural, shown = pixel(page, '.nbtrainer-dashboard img')
+            measured['dashboard_height_px'] = dash.locator('.jp-OutputArea').bounding_box()['height']
+            assert measured['dashboard_height_px'] < 1100  # bars, controls, figure, 8 rows: it stops growing
+            rgb, natural, shown = pixel(page, '.nbtrainer-figure')
             assert max(rgb) < 40 and natural == 2 * shown, (rgb, natural, shown)  # dark theme; 2x pixel density
             assert not stop.is_disabled()
             page.screenshot(path=str(ARTIFACTS / 'dashboard-running.png'), full_page=True)
             dash.screenshot(path=str(ARTIFACTS / 'cell-running.png'))  # for the dashboard notebook
 
             # Several LRs typed while the awaited fit runs, each sent a different way: every one reaches the loop.
-            lr_box = dash.locator('input[type="number"]')
-            for lr, send in (('0.04', 'Enter'), ('0.03', 'Tab'), ('0.02', 'Set LR')):
+            lr_box = dash.locator('.nbtrainer-controls input[type="number"]')
+            for lr, send in (('0.04', 'Enter'), ('0.03', 'Tab'), ('0.02', 'a click elsewhere')):
                 lr_box.fill(lr)
-                if send == 'Set LR': dash.locator('.widget-button:has-text("Set LR")').click()
+                if send == 'a click elsewhere': dash.locator('.nbtrainer-status').click()
                 else: lr_box.press(send)
                 applied = int(wait_for_status(page, dash, rf'lr {re.escape(lr)} from step (\d+)').group(1))
                 wait_for_status(page, dash, rf'^step (?!{applied}\b)\d+')  # it trained a step before the next edit
             lap(f'three LRs typed during the awaited fit, each carried out: {status_text(page, dash)!r}')
 
             # Pause; while paused an LR typed + Enter, and Save, are carried out at once, at the held step.
-            dash.locator('.widget-button:has-text("Pause")').click()
+            control(dash, 'Pause').click()
             held = int(wait_for_status(page, dash, r'paused at step (\d+)').group(1))
             lr_box.fill('0.01')
             lr_box.press('Enter')
             wait_for_status(page, dash, rf'lr 0\.01 from step {held}\b')
-            dash.locator('.widget-button:has-text("Save")').click()
+            control(dash, 'Save').click()
             wait_for_status(page, dash, rf'saved ckpt/manual-step{held}\.pt')
             assert int(re.match(r'step (\d+)', status_text(page, dash)).group(1)) == held  # still held there
             lap(f'paused at step {held}: lr and save carried out at once: {status_text(page, dash)!r}')
             page.screenshot(path=str(ARTIFACTS / 'dashboard-paused.png'), full_page=True)
             dash.screenshot(path=str(ARTIFACTS / 'cell-paused.png'))
-            dash.locator('.widget-button:has-text("Resume")').click()
+            control(dash, 'Resume').click()
             deadline = time.time() + 60
             while 'paused' in status_text(page, dash) or int(re.match(r'step (\d+)', status_text(page, dash)).group(1)) <= held:
                 assert time.time() < deadline, 'the fit did not resume'
                 page.wait_for_timeout(100)
 
             # Save, then Stop at once: the save still waiting is carried out before the fit ends.
-            dash.locator('.widget-button:has-text("Save")').click()
+            control(dash, 'Save').click()
             clicked = time.time()
             stop.click()
             page.wait_for_selector(output('FIT DONE'), timeout=60_000)
@@ -258,7 +285,7 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             summary = cell(page, FIT).locator(output('Fit stopped at step'))
             assert summary.count() == 1 and 'Stop button clicked' in summary.inner_text()
             assert f'lr 0.01 from step {held}' in summary.inner_text() and 'Requests:' in summary.inner_text()
-            assert summary.locator('img').count() == 1 and cell(page, FIT).locator('.widget-button').count() == 0
+            assert summary.locator('img').count() == 1 and cell(page, FIT).locator('.nbtrainer-controls').count() == 0
             page.screenshot(path=str(ARTIFACTS / 'dashboard-stopped.png'), full_page=True)
             summary.screenshot(path=str(ARTIFACTS / 'cell-stopped.png'))
             page.wait_for_selector(output('CONTROLS'), timeout=30_000)
@@ -276,7 +303,7 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             assert 'Fit failed at step' in error.inner_text() and error.inner_text().strip().count('\n') == 0
             failed = cell(page, FAIL).locator(output('RuntimeError: boom'))
             assert failed.locator('details summary:has-text("Traceback")').count() == 1
-            assert cell(page, FAIL).locator('.widget-button').count() == 0
+            assert cell(page, FAIL).locator('.nbtrainer-controls').count() == 0
             lap(f'failure shown as: {error.inner_text().strip()!r}')
             cell(page, FAIL).screenshot(path=str(ARTIFACTS / 'cell-failed.png'))
 
@@ -323,7 +350,7 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             page.keyboard.press('Control+s')
             deadline = time.time() + 30
             while True:
-                saved_nb = nbformat.read(folder / 'ui_fit.ipynb', as_version=4)
+                saved_nb = read_saved(folder / 'ui_fit.ipynb')
                 if saved_nb.cells[FINDER].outputs: break
                 assert time.time() < deadline, 'the notebook was not saved'
                 page.wait_for_timeout(200)
@@ -337,22 +364,29 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
 
             # ---- 5. A background fit; a browser reload loses its dashboard; learn.dashboard() brings it back ----
             run_cell(page, BACKGROUND)
-            live = cell(page, BACKGROUND).locator('.nbtrainer-dashboard')
-            live.locator('.widget-button:has-text("Stop")').wait_for(timeout=60_000)
+            live = cell(page, BACKGROUND)
+            control(live, 'Stop').wait_for(timeout=60_000)
             wait_for_status(page, live, r'step [1-9]')
             lap('background fit running; reloading the page')
             page.reload()
             open_notebook(page, port)
-            assert page.locator('.nbtrainer-dashboard').count() == 0  # the running fit's dashboard is gone
+            assert page.locator('.nbtrainer-controls').count() == 0  # the running fit's dashboard is gone
             run_cell(page, REATTACH)
-            again = cell(page, REATTACH).locator('.nbtrainer-dashboard')
-            again_stop = again.locator('.widget-button:has-text("Stop")')
+            again = cell(page, REATTACH)
+            again_stop = control(again, 'Stop')
             again_stop.wait_for(timeout=60_000)
             first_step = int(wait_for_status(page, again, r'step (\d+)').group(1))
             wait_for_status(page, again, rf'step (?!{first_step}\b)\d+')  # live: the step moves on
-            lap(f'learn.dashboard() after the reload: {status_text(page, again)!r}')
+            again.locator('.nbtrainer-figure').wait_for(timeout=60_000)
+            page.wait_for_timeout(3000)  # a few frames after the re-attach
+            status_step, figure_step = steps_shown(again)
+            measured['reattached: status step, figure step'] = status_step, figure_step
+            lap(f'learn.dashboard() after the reload: status at step {status_step}, figure at step {figure_step}')
+            # the current figure, as the status line is: within a few seconds of steps (about 35 a second here), and
+            # past where the re-attach found the fit, not a frame left over from the fit's start
+            assert 0 <= status_step - figure_step <= 150 and figure_step > first_step, (status_step, figure_step, first_step)
             page.screenshot(path=str(ARTIFACTS / 'dashboard-reattached.png'), full_page=True)
-            cell(page, REATTACH).screenshot(path=str(ARTIFACTS / 'cell-reattached.png'))
+            again.screenshot(path=str(ARTIFACTS / 'cell-reattached.png'))
             again_stop.click()
             cell(page, REATTACH).locator(output('Stop button clicked')).wait_for(timeout=60_000)
             assert cell(page, REATTACH).locator(output('Fit stopped at step')).count() == 1

@@ -2,11 +2,10 @@
 (`jupyter labextension disable @jupyter-widgets/jupyterlab-manager`, in a configuration folder of the test's own), in
 headless Chromium driven by Playwright.
 
-1. A default Learner (`display='auto'`) in an awaited `fit_async`: the front end closes the widgets it cannot show, the
-   Learner notices, and the same output becomes the HTML dashboard: a status line whose step advances, bars drawn as
-   HTML meters, then the live figure and the table; the static summary replaces it at the end.
-2. A plain `fit`, which keeps the kernel busy (so the widget's closing is heard only after it): the widgets' HTML
-   snapshot, unhidden in such a front end, shows the fit running, bars included.
+1. A default Learner (`display='auto'`) in an awaited `fit_async`: the dashboard's outputs are plain HTML but for its
+   controls, which such a front end shows as their text (how to steer the fit from code): a status line whose step
+   advances, bars drawn as HTML meters, then the live figure and the table; the static summary replaces it at the end.
+2. A plain `fit`, which keeps the kernel busy: the same outputs, live.
 3. `Learner(display='html')` in the background: the HTML dashboard from the start, stopped from another cell with
    `learn.controls.stop()`, its summary in the cell that started it.
 
@@ -42,11 +41,13 @@ RECORD_LIVE = """([i, key]) => {
     const note = () => {
         for (const out of cell.querySelectorAll('.jp-OutputArea-output')) {
             const found = out.getClientRects().length && out.innerText.match(/Fit running: step (\\d+)/);
-            if (!found) continue;  // not shown, or not the live view
+            if (!found) continue;  // not shown, or not the live status
             if (!seen.steps.includes(+found[1])) seen.steps.push(+found[1]);
             seen.meters = Math.max(seen.meters, out.querySelectorAll('.nbtrainer-bars progress').length);
-            seen.figure = Math.max(seen.figure, out.querySelectorAll('img').length);
-            seen.rows = Math.max(seen.rows, out.querySelectorAll('.nbtrainer-history tbody tr').length);
+            for (const view of cell.querySelectorAll('.nbtrainer-view')) {  // the figure and table: their own output
+                seen.figure = Math.max(seen.figure, view.querySelectorAll('.nbtrainer-figure').length);
+                seen.rows = Math.max(seen.rows, view.querySelectorAll('.nbtrainer-history tbody tr').length);
+            }
         }
     };
     note();
@@ -94,7 +95,7 @@ def test_without_a_widget_manager_the_dashboard_is_html(tmp_path):
             assert not page.evaluate("window.jupyterapp?.hasPlugin?.('@jupyter-widgets/jupyterlab-manager:plugin')")
             run_cell(page, SETUP)
 
-            # ---- 1. the default display turns into HTML once the front end has closed its widgets ----
+            # ---- 1. the default display: plain outputs, and the controls as the text of how to steer the fit ----
             steps, seen = run_and_watch(page, AWAITED)
             assert len(steps) >= 3, f'the HTML dashboard did not follow the fit: steps shown {sorted(steps)}'
             assert seen['meters'] >= 2 and seen['figure'] == 1 and seen['rows'] >= 1, seen
@@ -102,8 +103,9 @@ def test_without_a_widget_manager_the_dashboard_is_html(tmp_path):
             assert 'step 400 of 400' in summary.inner_text() and summary.locator('img').count() == 1
             assert not cell(page, AWAITED).locator(output('Fit running')).count()  # the summary replaced it
             assert not page.locator('.jp-OutputArea-output:has-text("Error displaying widget")').count()
+            assert not cell(page, AWAITED).locator('.nbtrainer-controls').count()  # no widget manager: no widget
 
-            # ---- 2. a plain fit: the snapshot below the (unshown) widget is the live view ----
+            # ---- 2. a plain fit: the same outputs, live ----
             steps, seen = run_and_watch(page, PLAIN)
             assert steps and seen['meters'] >= 2, f'no HTML view of the plain fit: {sorted(steps)}, {seen}'
             assert 'step 800 of 800' in cell(page, PLAIN).locator(output('Fit finished')).first.inner_text()

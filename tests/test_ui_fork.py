@@ -2,7 +2,7 @@
 
 A fit awaited with `await learn.fit_async(...)` keeps its last evaluations' states (`fork_points`) and records its run
 in a registry (`Tracker`). The user pauses it, types a new lr in the LR field and clicks the fork control of an earlier
-row. The paused fit ends, the Learner goes back to that evaluation, and the rest of the same fit trains as a branch in
+evaluation (the paused controls offer one for each shown row whose state is kept). The paused fit ends, the Learner goes back to that evaluation, and the rest of the same fit trains as a branch in
 the same output, without interrupting the kernel: the test sees its steps advance from the fork point, its history rows
 carry the new lr, the registry records the branch with its parent run and step, and the live figure keeps the parent's
 curves behind the branch. Stopped, the output holds both runs' summaries, and the notebook saved to disk keeps them. After the fit,
@@ -13,7 +13,8 @@ import json, re, time
 import nbformat
 import pytest
 
-from test_ui import (ARGS, ARTIFACTS, CHROMIUM, cell, open_notebook, output, run_cell, slow_mlp, wait_for_status)
+from test_ui import (ARGS, ARTIFACTS, CHROMIUM, cell, control, open_notebook, output, read_saved, run_cell, slow_mlp,
+                     wait_for_status)
 from test_ui import lab  # noqa: F401  (the JupyterLab fixture)
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]  # JupyterLab in Chromium: minutes on a busy machine
@@ -52,34 +53,35 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
             open_notebook(page, port)
             run_cell(page, SETUP)
             run_cell(page, FIT)
-            dash = cell(page, FIT).locator('.nbtrainer-dashboard')
-            forks, rows = dash.locator('.nbtrainer-fork'), dash.locator('.nbtrainer-history tbody tr')
+            dash = cell(page, FIT)
+            forks, rows = dash.locator('.nbtrainer-fork button'), dash.locator('.nbtrainer-history tbody tr')
             deadline = time.time() + 180
-            while rows.count() < 4:  # four evaluations shown, a fork control beside each row
+            while rows.count() < 4:  # four evaluations shown
                 assert time.time() < deadline, 'the table never got four rows'
                 page.wait_for_timeout(100)
-            assert forks.count() >= 4 and all(forks.nth(i).is_disabled() for i in range(forks.count()))  # not running
+            assert forks.count() == 0  # running: nothing to fork from yet
 
-            dash.locator('.widget-button:has-text("Pause")').click()
+            control(dash, 'Pause').click()
             paused_at = int(wait_for_status(page, dash, r'paused at step (\d+)').group(1))
-            enabled = [i for i in range(forks.count()) if not forks.nth(i).is_disabled()]
-            assert enabled, 'no fork control became usable while paused'
-            field = dash.locator('.widget-text input, .widget-hbox input').first
+            forks.first.wait_for(timeout=30_000)  # offered while paused: the kept evaluations among the rows shown
+            shown = [int(rows.nth(i).locator('td').nth(1).inner_text()) for i in range(rows.count())]
+            offered = [int(forks.nth(i).inner_text()) for i in range(forks.count())]
+            assert offered and set(offered) <= set(shown) and len(offered) <= 4, (offered, shown)  # fork_points=4
+            field = dash.locator('.nbtrainer-controls input').first
             field.fill('0.005')
             field.press('Enter')
             wait_for_status(page, dash, r'lr 0\.005')  # applied at once while paused: the field holds it
-            target = enabled[0]
-            fork_step = int(rows.nth(target).locator('td').nth(1).inner_text())
+            fork_step = offered[0]
             assert fork_step < paused_at
             page.screenshot(path=str(ARTIFACTS / 'fork-paused.png'))
-            forks.nth(target).click()
+            forks.first.click()
 
             # the parent ends, the branch takes its place in the same output and trains from the fork point
             parent_summary = cell(page, FIT).locator(f'.jp-OutputArea-output:has-text("forked at step {fork_step}")')
-            branch = cell(page, FIT).locator('.nbtrainer-dashboard')
+            branch = cell(page, FIT)
             deadline = time.time() + 180
             while True:
-                text = branch.locator('.nbtrainer-status').inner_text() if branch.count() else ''
+                text = branch.locator('.nbtrainer-status').inner_text() if branch.locator('.nbtrainer-status').count() else ''
                 found = re.search(r'step (\d+)', text)
                 if parent_summary.count() and found and int(found.group(1)) > fork_step + 10: break
                 assert time.time() < deadline, f'the branch did not train: {text!r}'
@@ -95,21 +97,20 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
             branches = [r for r in state['runs'] if r['parent']]  # the registry: the parent run, and its branch
             assert len(state['runs']) == 2 and len(branches) == 1 and branches[0]['parent']['step'] == fork_step
             assert branches[0]['parent']['run'] in {r['id'] for r in state['runs']} - {branches[0]['id']}  # its id there
-            page.wait_for_function('''[...document.querySelectorAll('.nbtrainer-dashboard img.widget-image')]
-                .some(i => getComputedStyle(i).visibility === 'visible')''', timeout=60_000)  # the branch's first frame
+            branch.locator('.nbtrainer-figure').wait_for(timeout=60_000)  # the branch's first frame
             cell(page, FIT).screenshot(path=str(ARTIFACTS / 'fork-branch.png'))
 
-            branch.locator('.widget-button:has-text("Stop")').click()
+            control(branch, 'Stop').click()
             outputs = cell(page, FIT).locator('.jp-OutputArea')
             deadline = time.time() + 120
-            live = cell(page, FIT).locator('.nbtrainer-dashboard')
+            live = cell(page, FIT).locator('.nbtrainer-controls')
             while outputs.inner_text().count('Fit stopped') < 2 or live.count():  # both summaries, as plain outputs
                 assert time.time() < deadline, 'the branch did not stop'
                 page.wait_for_timeout(100)
             deadline = time.time() + 60
             while True:  # the saved notebook keeps both runs' summaries in the cell that ran the fit
                 page.keyboard.press('Control+s')
-                saved = nbformat.read(folder / 'fork.ipynb', as_version=4).cells[FIT].outputs
+                saved = read_saved(folder / 'fork.ipynb').cells[FIT].outputs
                 html_out = ''.join(o.get('data', {}).get('text/html', '') for o in saved)
                 if f'forked at step {fork_step}' in html_out and html_out.count('Fit stopped') == 2: break
                 assert time.time() < deadline, html_out[-2000:]
@@ -123,16 +124,17 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
             bar.locator('input').fill('0.002')
             bar.locator('input').press('Enter')
             bar.locator('.widget-button:has-text("Fork and train")').click()
-            again = cell(page, AFTER).locator('.nbtrainer-dashboard')
+            again = cell(page, AFTER)
             deadline = time.time() + 120
             while True:
-                found = re.search(r'step (\d+)', again.locator('.nbtrainer-status').inner_text() if again.count() else '')
+                status = again.locator('.nbtrainer-status')
+                found = re.search(r'step (\d+)', status.inner_text() if status.count() else '')
                 if found and int(found.group(1)) > chosen + 5: break
                 assert time.time() < deadline, 'the branch from the fork bar did not train'
                 page.wait_for_timeout(100)
             assert 'lr 0.002' in again.locator('.nbtrainer-status').inner_text()
-            again.scroll_into_view_if_needed()
-            again.locator('.widget-button:has-text("Stop")').click()
+            control(again, 'Stop').scroll_into_view_if_needed()
+            control(again, 'Stop').click()
             cell(page, AFTER).locator('.jp-OutputArea-output:has-text("Fit stopped")').first.wait_for(timeout=120_000)
         except Exception:
             page.screenshot(path=str(ARTIFACTS / 'fork-failure.png'))

@@ -6,18 +6,20 @@ space is reserved from the start, and what a notebook saved mid-fit keeps.
    each run, garbage collection is forced through the DevTools protocol (`HeapProfiler.collectGarbage`) and
    `Performance.getMetrics` read (Nodes, JSHeapUsedSize); growth per run is compared from run 1 to run 3 (run 1 pays
    one-time costs). The HTML dashboard's growth equals the bare fit's within 5%; the widget dashboard's exceeds it by
-   the emptied shells of its widget views, which the front end keeps (see the dashboard notebook).
-2. The live dashboard's height, sampled every animation frame over the second run (until the summary replaces it),
-   moves by a few px at most: bars, figure and rows arrive into space kept for them.
-3. A background fit; the notebook saved with Ctrl+S while it runs and read from disk: the cell that started it holds a
-   plain HTML output with the fit's figure, table and step, which a notebook reopened without the kernel shows.
+   at most 40 nodes: the emptied shells of its controls' three widget views, which the front end keeps (see the
+   dashboard notebook).
+2. The live dashboard's height, sampled every animation frame over the second run (once its three outputs are shown,
+   while its controls are), moves by a few px at most: bars, figure and rows arrive into space kept for them.
+3. A background fit; the notebook saved with Ctrl+S while it runs and read from disk: the cell that started it holds
+   plain HTML outputs with the fit's figure, table and step, which a notebook reopened without the kernel shows.
 Fixtures and helpers come from tests/test_ui.py."""
 import time
 
 import nbformat
 import pytest
 
-from test_ui import ARGS, ARTIFACTS, CHROMIUM, cell, open_notebook, output, run_cell, slow_mlp, wait_for_status
+from test_ui import (ARGS, ARTIFACTS, CHROMIUM, cell, control, open_notebook, output, read_saved, run_cell, slow_mlp,
+                     wait_for_status)
 from test_ui import lab as lab_fixture  # noqa: F401  (pytest finds it by name below)
 
 lab = lab_fixture
@@ -35,12 +37,13 @@ HTML = ("html_learn = Learner(SlowMLP(), dl, small, lr=0.05, display='html')  # 
 CELLS = [SETUP + '\nn = 0', FIT, PLAIN, HTML, 'task = learn.fit_async(100, eval_every=4)  # in the background']
 BACKGROUND = 4
 
-# The dashboard's height every frame while it is on show: at the end the summary first hides it, then replaces it.
+# The dashboard's height (its cell's outputs) every frame while its controls and figure show, and its outputs' heights.
 SAMPLE = '''sel => { window.__heights = []; window.__parts = new Set();
   const tick = () => { const d = document.querySelector(sel);
-    if (d && d.querySelector('.widget-button') && d.getClientRects().length) {
+    const shown = d && d.querySelector('.nbtrainer-controls button') && d.querySelector('.nbtrainer-view');
+    if (shown && d.getClientRects().length) {
              window.__heights.push(d.getBoundingClientRect().height);
-             window.__parts.add([...d.querySelectorAll('.widget-vbox > *, .widget-hbox > *')]
+             window.__parts.add([...d.querySelectorAll('.jp-OutputArea-child')]
                                 .map(c => c.getBoundingClientRect().height).join(',')); }
     if (window.__sampling) requestAnimationFrame(tick); }; window.__sampling = true; requestAnimationFrame(tick); }'''
 
@@ -75,7 +78,7 @@ def test_three_fits_leave_the_page_as_they_found_it_and_a_mid_fit_save_keeps_the
                 seen = []
                 for k in range(3):
                     if sample and k == 1:
-                        page.evaluate(SAMPLE, f'.jp-Notebook .jp-Cell:nth-child({i + 1}) .nbtrainer-dashboard')
+                        page.evaluate(SAMPLE, f'.jp-Notebook .jp-Cell:nth-child({i + 1}) .jp-OutputArea')
                     run_cell(page, i)
                     runs += 1
                     cell(page, i).locator(output(f'DONE {runs}')).wait_for(timeout=120_000)
@@ -87,7 +90,7 @@ def test_three_fits_leave_the_page_as_they_found_it_and_a_mid_fit_save_keeps_the
                     seen.append(metrics(cdp))
                 return seen
             dash, bare, html = three_runs(1, sample=True), three_runs(2), three_runs(3)
-            assert cell(page, 1).locator('.nbtrainer-dashboard').count() == 0  # the summary replaced it
+            assert cell(page, 1).locator('.nbtrainer-controls').count() == 0  # the summary replaced it
             assert cell(page, 1).locator(output('Fit finished at step')).count() == 1
             growth = lambda seen, k: (seen[2][k] - seen[0][k]) / 2  # per run, after the first run's one-time costs
             print(f'dashboard fits: {dash}\nfits with no display: {bare}\nHTML dashboard fits: {html}', flush=True)
@@ -96,37 +99,32 @@ def test_three_fits_leave_the_page_as_they_found_it_and_a_mid_fit_save_keeps_the
             assert growth(html, 'heap_mb') <= growth(bare, 'heap_mb') + 0.25, (html, bare)
             # JupyterLab itself keeps some of each run (a widget-free fit: about 500 nodes, 0.3 MB); the dashboard used
             # to keep 3,400 nodes and 1.4 MB more a fit (a widget per table row and per train phase, never freed), then
-            # about 600 (each widget view as it was last drawn). Now its 26 views are emptied before they leave the
-            # page: about 120 nodes a fit remain, their shells (an element, and a div for each view's layout and
-            # style), which the front end keeps for every widget view it has made.
-            assert growth(dash, 'nodes') <= growth(bare, 'nodes') + 150, (dash, bare)
+            # about 600 (each widget view as it was last drawn), then 120 (26 views, emptied before they left the
+            # page). Now the dashboard is plain outputs updated in place but for its controls: three widget views a
+            # fit, emptied before they leave, whose shells the front end keeps for every widget view it has made.
+            assert growth(dash, 'nodes') <= growth(bare, 'nodes') + 40, (dash, bare)
             assert growth(dash, 'heap_mb') <= 3 * growth(bare, 'heap_mb') + 0.3, (dash, bare)
             print(f'dashboard height over a fit: {len(heights)} samples, {min(heights)}..{max(heights)} px', flush=True)
             assert len(heights) >= 10 and max(heights) - min(heights) <= 4, (sorted(set(heights)), parts)
 
             run_cell(page, BACKGROUND)
-            live = cell(page, BACKGROUND).locator('.nbtrainer-dashboard')
+            live = cell(page, BACKGROUND)
             wait_for_status(page, live, r'step (\d\d\d)')  # some evaluations and a frame or two in
-            page.wait_for_timeout(2500)  # a snapshot refresh
-            snapshot_view = cell(page, BACKGROUND).locator('[class^="nbtrainer-snapshot-"]')
-            assert snapshot_view.count() == 1 and not snapshot_view.is_visible()  # hidden while the widget lives
+            live.locator('.nbtrainer-view .nbtrainer-history').wait_for(timeout=60_000)  # a frame and rows with it
             page.keyboard.press('Control+s')
             deadline = time.time() + 30
             while True:
-                saved = nbformat.read(folder / 'ui_fit.ipynb', as_version=4).cells[BACKGROUND].outputs
+                saved = read_saved(folder / 'ui_fit.ipynb').cells[BACKGROUND].outputs
                 html = [o['data']['text/html'] for o in saved if 'text/html' in o.get('data', {})]
-                if any('Fit running' in h for h in html): break
-                assert time.time() < deadline, f'no mid-fit summary saved: {saved}'
+                if any('Fit running' in h for h in html) and any('nbtrainer-figure' in h for h in html): break
+                assert time.time() < deadline, f'no mid-fit outputs saved: {saved}'
                 page.wait_for_timeout(200)
-            snapshot = next(h for h in html if 'Fit running' in h)
-            assert 'data:image/png;base64,' in snapshot and 'nbtrainer-history' in snapshot and 'step ' in snapshot
-            live.locator('.widget-button:has-text("Stop")').click()
+            status, view = next(h for h in html if 'Fit running' in h), next(h for h in html if 'nbtrainer-figure' in h)
+            assert 'data:image/png;base64,' in view and 'nbtrainer-history' in view and 'step ' in status
+            control(live, 'Stop').click()
             stopped = cell(page, BACKGROUND).locator(output('Fit stopped at step'))
-            stopped.first.wait_for(timeout=60_000)  # the snapshot's output holds it too for a moment, then empties
-            deadline = time.time() + 30
-            while stopped.count() != 1:
-                assert time.time() < deadline, f'{stopped.count()} summaries in the cell'
-                page.wait_for_timeout(100)
+            stopped.first.wait_for(timeout=60_000)
+            assert stopped.count() == 1
             page.screenshot(path=str(ARTIFACTS / 'leaks-after-fits.png'), full_page=True)
         except Exception:
             page.screenshot(path=str(ARTIFACTS / 'leaks-failure.png'), full_page=True)

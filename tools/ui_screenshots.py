@@ -1,7 +1,7 @@
 """Copy the browser tests' screenshots of each dashboard state into `nbs/images/ui/`, where the dashboard notebook
 shows them (`nbs/17_dashboard.ipynb`, "Screenshots"). Run the browser tests first, then:
 
-    python -m pytest tests/test_ui.py tests/test_ui_live.py tests/test_ui_fork.py
+    python -m pytest tests/test_ui.py tests/test_ui_live.py tests/test_ui_fork.py tests/test_ui_display.py
     python tools/ui_screenshots.py && python tools/run_notebooks.py nbs/17_dashboard.ipynb
 
 Each image is narrowed to 900 px at most and stored with 256 colours (no dithering), so that the notebook that embeds it
@@ -15,7 +15,7 @@ SOURCE, TARGET = ROOT / 'test-artifacts' / 'ui', ROOT / 'nbs' / 'images' / 'ui'
 SHOTS = {'cell-running.png': 'running.png', 'cell-paused.png': 'paused.png', 'cell-stopped.png': 'stopped.png',
          'cell-failed.png': 'failed.png', 'cell-lr-finder.png': 'lr-finder.png', 'cell-reattached.png': 'reattached.png',
          'live-light-theme.png': 'light-theme.png', 'fork-branch.png': 'fork-branch.png',
-         'html-display.png': 'html-display.png'}
+         'html-display.png': 'html-display.png', 'live-long-fit.png': 'long-fit.png', 'live-waiting.png': 'waiting.png'}
 
 
 def main():
