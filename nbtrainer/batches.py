@@ -15,14 +15,22 @@ import torch
 import torch.nn.functional as F
 
 from .checks import check_class_targets, check_labels, check_metrics, check_regression_shapes
-from .data import (as_float32, batch_size, inputs_and_target, model_prediction, no_target_message, plain_model,
-                            to_device)
+from nbtrainer.data import (
+    as_float32,
+    batch_size,
+    inputs_and_target,
+    model_prediction,
+    no_target_message,
+    plain_model,
+    to_device,
+)
 from .metrics import CLASS_INDEX_LOSSES, IGNORE_INDEX, Metric, example_losses
 from .rng import preserve_rng
 
 # %% ../nbs/00i_batches.ipynb #544ffa27
 class BatchReader:
     "How the Learner reads a batch: inputs, target, weights, examples; its loss; what metrics compare; the first checks"
+
     target_keys = ('y', 'target', 'targets', 'label', 'labels')
     weight_keys = ('weight', 'mask')  # per-example weights in dict batches: 0 marks padding
     pred_key = 'logits'  # the predictions in a model output that is a mapping or dataclass
@@ -47,8 +55,10 @@ class BatchReader:
         # what the loss averages over: examples (an int, or a device tensor when weighted) or tokens (a device tensor)
         if self.tokens is not None:
             self.bs = (self.tokens if self.weights is None else self.tokens * self.weights).sum()
-        elif self.weights is not None: self.bs = self.weights.sum()
-        else: self.bs = batch_size(self.yb if self.yb is not None else self.xb)
+        elif self.weights is not None:
+            self.bs = self.weights.sum()
+        else:
+            self.bs = batch_size(self.yb if self.yb is not None else self.xb)
 
     def _plain_batches(self):
         "Do the Learner's own methods read batches, so that `_read_batch` may read a plain pair in place?"
@@ -61,18 +71,25 @@ class BatchReader:
 
     def batch_weights(self, batch):
         "Per-example weights of a batch (the `weight` or `mask` item of a dict batch), or None."
-        if isinstance(batch, (tuple, list)) or not isinstance(batch, Mapping): return None  # the ABC check is slower
+        if isinstance(batch, (tuple, list)) or not isinstance(batch, Mapping):
+            return None  # the ABC check is slower
         key = next((k for k in self.weight_keys if k in batch), None)
         return None if key is None else batch[key].float()
 
     def target_tokens(self):
         "Per-example counts of the labels a token-mean loss averages over (not ignored), or None: a mean over examples."
         y, loss = self.yb, self.loss_func
-        if not (isinstance(y, torch.Tensor) and y.ndim >= 2 and not y.is_floating_point()): return None
-        token_mean = self._model_loss() or loss in CLASS_INDEX_LOSSES or (
-            isinstance(loss, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)) and loss.reduction == 'mean')
-        if not token_mean: return None
-        if self.shifts_labels(): y = y[:, 1:]
+        if not (isinstance(y, torch.Tensor) and y.ndim >= 2 and not y.is_floating_point()):
+            return None
+        token_mean = (
+            self._model_loss()
+            or loss in CLASS_INDEX_LOSSES
+            or (isinstance(loss, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)) and loss.reduction == 'mean')
+        )
+        if not token_mean:
+            return None
+        if self.shifts_labels():
+            y = y[:, 1:]
         return (y != self._ignore_index()).flatten(1).sum(1).float()  # on the device: no sync
 
     # ---- what the loss and the metrics pair ----
@@ -87,19 +104,26 @@ class BatchReader:
         out = self.model_output
         if out is self.pred and self.weights is None and self.yb is not None and self.loss_func is not None:
             self.loss = self.loss_func(self.pred, self.yb)  # the usual case, tested first
-        elif out is not self.pred and (loss := _own_loss(out)) is not None: self.loss = loss  # the model's own
+        elif out is not self.pred and (loss := _own_loss(out)) is not None:
+            self.loss = loss  # the model's own
         elif self.weights is not None:  # padding: the weighted mean of per-example losses, no sync
             losses = example_losses(self.loss_func, self.pred, self.yb)
-            if self.tokens is not None: losses = losses * self.yb[0].numel()  # each example's sum over its tokens
+            if self.tokens is not None:
+                losses = losses * self.yb[0].numel()  # each example's sum over its tokens
             self.loss = (losses * self.weights).sum() / self.bs.clamp(min=1e-12)  # bs: the weights' (or tokens') sum
         elif self.loss_func is None:
-            raise ValueError('loss_func is None and the model gives no loss of its own (no `loss` in its output): pass '
-                             'loss_func= (e.g. F.cross_entropy), or a batch with labels the model takes, so it computes one')
-        elif self.yb is not None: self.loss = self.loss_func(self.pred, self.yb)
+            raise ValueError(
+                'loss_func is None and the model gives no loss of its own (no `loss` in its output): pass '
+                'loss_func= (e.g. F.cross_entropy), or a batch with labels the model takes, so it computes one'
+            )
+        elif self.yb is not None:
+            self.loss = self.loss_func(self.pred, self.yb)
         else:
-            try: self.loss = self.loss_func(self.pred)
+            try:
+                self.loss = self.loss_func(self.pred)
             except TypeError as e:  # a loss that needs targets, and batches that have none
-                if not self._check_next: raise
+                if not self._check_next:
+                    raise
                 raise ValueError(no_target_message(self.batch, self.target_keys)) from e
 
     def _model_loss(self):
@@ -112,8 +136,10 @@ class BatchReader:
 
     def shifts_labels(self):
         "True for a causal language model that computes its own loss: logits at position t predict the label at t + 1."
-        if not self._model_loss(): return False
-        if self.shift_labels is not None: return self.shift_labels
+        if not self._model_loss():
+            return False
+        if self.shift_labels is not None:
+            return self.shift_labels
         model = plain_model(self.model)
         return bool(re.search(r'CausalLM|LMHead', str(getattr(model, 'loss_type', None) or type(model).__name__)))
 
@@ -125,15 +151,20 @@ class BatchReader:
 
     def update_metrics(self, metrics):
         "Update `metrics` with this batch: its predictions and targets as the loss pairs them, and its weights."
-        if not metrics: return
+        if not metrics:
+            return
         pred, target = self.metric_inputs()
         kept = None
         for m in metrics:
-            if self.weights is None: m.update(pred, target)
-            elif isinstance(m, Metric): m.update(pred, target, weight=self.weights)
+            if self.weights is None:
+                m.update(pred, target)
+            elif isinstance(m, Metric):
+                m.update(pred, target, weight=self.weights)
             else:  # another library's metric (torchmetrics) takes no weights: padding rows (weight 0) left out
-                if kept is None: kept = pred[self.weights != 0], target[self.weights != 0]  # a sync: weighted only
-                if len(kept[1]): m.update(*kept)  # a batch of padding alone: nothing to add
+                if kept is None:
+                    kept = pred[self.weights != 0], target[self.weights != 0]  # a sync: weighted only
+                if len(kept[1]):
+                    m.update(*kept)  # a batch of padding alone: nothing to add
 
     def predict_batch(self, batch):
         "The model's predictions for one `batch` (as a loader yields it): `predict`, eval mode, its precision, no grad"
@@ -157,16 +188,26 @@ class BatchReader:
         pred, target = self.metric_inputs()
         check_labels(pred, target, self._ignore_index())
         if target is not None:
-            check_metrics([*self.metrics, *(self.recorder.train_metrics if self.training else ())], pred, target,
-                          lambda probe: self.update_metrics([probe]))
+            check_metrics(
+                [*self.metrics, *(self.recorder.train_metrics if self.training else ())],
+                pred,
+                target,
+                lambda probe: self.update_metrics([probe]),
+            )
 
     def _diagnose_labels(self, error):
         "A model computing its loss failed on the first batch: out-of-range labels, found by a forward without them?"
         self.xb = {k: v for k, v in self.xb.items() if v is not self.yb}  # the batch fails anyway: xb may change
         try:
-            with torch.no_grad(): self.predict()
-        except Exception: return  # it fails without labels too: not theirs to explain
-        try: check_labels(*self.metric_inputs(), self._ignore_index())
-        except ValueError as found: raise found from error
+            with torch.no_grad():
+                self.predict()
+        except Exception:
+            return  # it fails without labels too: not theirs to explain
+        try:
+            check_labels(*self.metric_inputs(), self._ignore_index())
+        except ValueError as found:
+            raise found from error
 
-def _own_loss(out): return out.get('loss') if isinstance(out, Mapping) else getattr(out, 'loss', None)
+
+def _own_loss(out):
+    return out.get('loss') if isinstance(out, Mapping) else getattr(out, 'loss', None)

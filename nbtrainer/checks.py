@@ -14,31 +14,47 @@ from pathlib import Path
 
 import torch
 
-from .metrics import (CLASS_INDEX_LOSSES, ELEMENTWISE_LOSSES, class_dim, describe_task, is_loss_of, is_multilabel,
-                               loss_name, metric_name)
+from nbtrainer.metrics import (
+    CLASS_INDEX_LOSSES,
+    ELEMENTWISE_LOSSES,
+    class_dim,
+    describe_task,
+    is_loss_of,
+    is_multilabel,
+    loss_name,
+    metric_name,
+)
 
 # %% ../nbs/00e_checks.ipynb #dc764032
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
+
 def hyperparameter(name, value, positive=True):
     "`value` as a float: a finite real number that float32 can hold, and > 0 when `positive`; one clear error otherwise."
-    if isinstance(value, torch.Tensor) and value.numel() == 1: value = value.item()
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
     number = float(value) if ok else math.nan
     if not (ok and math.isfinite(number) and abs(number) <= FLOAT32_MAX and (number > 0 or not positive)):
-        raise ValueError(f'{name} must be a finite number{" > 0" if positive else ""} that float32 can hold '
-                         f'(|{name}| <= {FLOAT32_MAX:.3g}), got {value!r}')
+        raise ValueError(
+            f'{name} must be a finite number{" > 0" if positive else ""} that float32 can hold '
+            f'(|{name}| <= {FLOAT32_MAX:.3g}), got {value!r}'
+        )
     return number
 
 # %% ../nbs/00e_checks.ipynb #8b46bec6
 def check_arguments(loss_func=None, compile=False, clip_grad_norm=None):
     "The Learner's `loss_func` (callable or None) and `compile` (a bool or options), and `clip_grad_norm` as a float."
     if loss_func is not None and not callable(loss_func):
-        raise TypeError('loss_func must be a function loss(pred, target) or a loss module such as '
-                        f'nn.CrossEntropyLoss(); got {loss_func!r}')
+        raise TypeError(
+            'loss_func must be a function loss(pred, target) or a loss module such as '
+            f'nn.CrossEntropyLoss(); got {loss_func!r}'
+        )
     if not isinstance(compile, (bool, dict)):
-        raise TypeError("compile must be True, False or a dict of torch.compile's options (e.g. {'mode': "
-                        f"'max-autotune'}}), got {compile!r}")
+        raise TypeError(
+            "compile must be True, False or a dict of torch.compile's options (e.g. {'mode': "
+            f"'max-autotune'}}), got {compile!r}"
+        )
     return None if clip_grad_norm is None else hyperparameter('clip_grad_norm', clip_grad_norm)
 
 # %% ../nbs/00e_checks.ipynb #aad323a7
@@ -47,84 +63,138 @@ def writable_folder(folder, who):
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix='.nbtrainer-check-'): pass
+        with tempfile.NamedTemporaryFile(dir=folder, prefix='.nbtrainer-check-'):
+            pass
     except OSError as e:
-        raise type(e)(e.errno, f'{who} cannot write to {folder} ({e.strerror or e}): choose a folder it can create '
-                               'and write to, before training starts') from None
+        raise type(e)(
+            e.errno,
+            f'{who} cannot write to {folder} ({e.strerror or e}): choose a folder it can create '
+            'and write to, before training starts',
+        ) from None
     return folder
 
 # %% ../nbs/00e_checks.ipynb #e0e3974f
 def check_labels(pred, y, ignore_index):
     "Class labels `y` in range for the classes of `pred` (the labels equal to `ignore_index` left out)."
-    if not (isinstance(pred, torch.Tensor) and pred.is_floating_point() and isinstance(y, torch.Tensor)
-            and not y.is_floating_point()): return
+    if not (
+        isinstance(pred, torch.Tensor)
+        and pred.is_floating_point()
+        and isinstance(y, torch.Tensor)
+        and not y.is_floating_point()
+    ):
+        return
     dim = class_dim(pred, y)  # (N, C, ...) as torch's losses take, or (N, ..., C) as Hugging Face models give
-    if dim is None: return  # a layout it cannot read: left to the loss
+    if dim is None:
+        return  # a layout it cannot read: left to the loss
     n_classes, labels = pred.shape[dim], y[y != ignore_index]
     if labels.numel() and (labels.min() < 0 or labels.max() >= n_classes):  # one sync, first batch only
         low, high = int(labels.min()), int(labels.max())  # the error path: reads are free here
         if high >= n_classes:
             fix = f'give the model {high + 1} outputs (its last layer), or number the labels from 0' + (
-                ' (these start at 1: y - 1)' if low == 1 and high == n_classes else '')
-        else: fix = f"a label to leave out of the loss and the metrics is {ignore_index} (the loss's ignore_index)"
-        raise ValueError(f'labels out of range: the batch has label {high if high >= n_classes else low} but the model '
-                         f'outputs {n_classes} classes, so labels must be in 0..{n_classes - 1}: {fix}')
+                ' (these start at 1: y - 1)' if low == 1 and high == n_classes else ''
+            )
+        else:
+            fix = f"a label to leave out of the loss and the metrics is {ignore_index} (the loss's ignore_index)"
+        raise ValueError(
+            f'labels out of range: the batch has label {high if high >= n_classes else low} but the model '
+            f'outputs {n_classes} classes, so labels must be in 0..{n_classes - 1}: {fix}'
+        )
+
 
 def check_class_targets(pred, y, loss):
     "Targets a loss of class indices (`cross_entropy`, `nll_loss`) cannot take: regression targets, one output, (N, 1) or float labels."
-    if not (is_loss_of(loss, CLASS_INDEX_LOSSES) and isinstance(pred, torch.Tensor) and pred.ndim >= 2
-            and isinstance(y, torch.Tensor)): return
+    if not (
+        is_loss_of(loss, CLASS_INDEX_LOSSES)
+        and isinstance(pred, torch.Tensor)
+        and pred.ndim >= 2
+        and isinstance(y, torch.Tensor)
+    ):
+        return
     name, n, probabilities = loss_name(loss), pred.shape[0], y.shape == pred.shape and pred.shape[1] > 1
     if y.is_floating_point() and not probabilities and not bool((y == y.round()).all()):  # one sync, first batch only
-        raise ValueError(f'the targets are floats that are not whole numbers, as regression targets are, but the loss is '
-                         f'{name}, which takes class labels: for regression pass loss_func=F.mse_loss (or l1_loss, '
-                         'huber_loss) and give the model one output per target')
+        raise ValueError(
+            f'the targets are floats that are not whole numbers, as regression targets are, but the loss is '
+            f'{name}, which takes class labels: for regression pass loss_func=F.mse_loss (or l1_loss, '
+            'huber_loss) and give the model one output per target'
+        )
     if pred.shape[1] == 1:
-        raise ValueError(f'the model outputs one value per example (predictions {tuple(pred.shape)}), and {name} over '
-                         'one class is always 0: for two classes give the model 2 outputs (labels 0 and 1, int64), or use '
-                         f'loss_func=F.binary_cross_entropy_with_logits with float targets of shape ({n}, 1)')
-    if probabilities: return  # class probabilities (label smoothing, mixup)
+        raise ValueError(
+            f'the model outputs one value per example (predictions {tuple(pred.shape)}), and {name} over '
+            'one class is always 0: for two classes give the model 2 outputs (labels 0 and 1, int64), or use '
+            f'loss_func=F.binary_cross_entropy_with_logits with float targets of shape ({n}, 1)'
+        )
+    if probabilities:
+        return  # class probabilities (label smoothing, mixup)
     labels = (n, *pred.shape[2:])  # one class index per example (or position)
     if y.ndim == pred.ndim and y.shape[1] == 1 and (y.shape[0], *y.shape[2:]) == labels:
         fix = 'y.squeeze(1)' + ('.long()' if y.is_floating_point() else '')
-        raise ValueError(f'the targets have shape {tuple(y.shape)}, but {name} takes one class index per example, '
-                         f'shape {labels}: give it {fix} (in the dataset, or in a collate_fn)')
+        raise ValueError(
+            f'the targets have shape {tuple(y.shape)}, but {name} takes one class index per example, '
+            f'shape {labels}: give it {fix} (in the dataset, or in a collate_fn)'
+        )
     if y.is_floating_point() and class_dim(pred, y) is not None:
-        raise ValueError(f'the targets are class labels stored as floats ({y.dtype}), but {name} takes class indices '
-                         'as integers: give it y.long() (in the dataset, or in a collate_fn)')
+        raise ValueError(
+            f'the targets are class labels stored as floats ({y.dtype}), but {name} takes class indices '
+            'as integers: give it y.long() (in the dataset, or in a collate_fn)'
+        )
+
 
 def check_regression_shapes(pred, y, loss=None):
     "Predictions and float targets that a loss would broadcast into an every-with-every comparison, or cannot pair."
-    if not (isinstance(pred, torch.Tensor) and isinstance(y, torch.Tensor) and pred.is_floating_point()
-            and y.is_floating_point() and pred.shape != y.shape): return
-    try: shape = torch.broadcast_shapes(pred.shape, y.shape)
+    if not (
+        isinstance(pred, torch.Tensor)
+        and isinstance(y, torch.Tensor)
+        and pred.is_floating_point()
+        and y.is_floating_point()
+        and pred.shape != y.shape
+    ):
+        return
+    try:
+        shape = torch.broadcast_shapes(pred.shape, y.shape)
     except RuntimeError:  # they don't broadcast: an elementwise loss would fail on them
-        if is_loss_of(loss, ELEMENTWISE_LOSSES): raise ValueError(_shape_mismatch(pred, y, loss)) from None
+        if is_loss_of(loss, ELEMENTWISE_LOSSES):
+            raise ValueError(_shape_mismatch(pred, y, loss)) from None
         return  # a loss of the user's own may pair them its way
     if math.prod(shape) > max(pred.numel(), y.numel()):
-        raise ValueError(f'the predictions have shape {tuple(pred.shape)} but the targets {tuple(y.shape)}: they '
-                         f'broadcast to {tuple(shape)}, so the loss would compare every prediction with every target. '
-                         "Give the targets the predictions' shape (e.g. y[:, None] in the dataset, or the model's "
-                         'output .squeeze(-1))')
+        raise ValueError(
+            f'the predictions have shape {tuple(pred.shape)} but the targets {tuple(y.shape)}: they '
+            f'broadcast to {tuple(shape)}, so the loss would compare every prediction with every target. '
+            "Give the targets the predictions' shape (e.g. y[:, None] in the dataset, or the model's "
+            'output .squeeze(-1))'
+        )
+
 
 def _shape_mismatch(pred, y, loss):
     "What to write when an elementwise loss gets predictions and targets of shapes that do not broadcast."
-    said = (f'the predictions have shape {tuple(pred.shape)} but the targets {tuple(y.shape)}: '
-            f'{loss_name(loss)} compares them element by element, and these shapes do not match. ')
+    said = (
+        f'the predictions have shape {tuple(pred.shape)} but the targets {tuple(y.shape)}: '
+        f'{loss_name(loss)} compares them element by element, and these shapes do not match. '
+    )
     k = pred.shape[-1] if pred.ndim else 1
     if pred.ndim == 2 and y.ndim == 1 and pred.shape[0] == y.shape[0]:
-        return said + (f'The model gives {k} outputs per example and the targets one: give the model one output (a last '
-                       f'layer nn.Linear(..., 1)) and the targets shape ({y.shape[0]}, 1) (y[:, None]); for {k} classes, '
-                       'use loss_func=F.cross_entropy with int64 labels')
+        return said + (
+            f'The model gives {k} outputs per example and the targets one: give the model one output (a last '
+            f'layer nn.Linear(..., 1)) and the targets shape ({y.shape[0]}, 1) (y[:, None]); for {k} classes, '
+            'use loss_func=F.cross_entropy with int64 labels'
+        )
     return said + "Give the targets the predictions' shape"
+
 
 def _unfit_metric(m, pred, target, why):
     task, fits = describe_task(pred, target)
-    whole = (isinstance(pred, torch.Tensor) and isinstance(target, torch.Tensor) and target.is_floating_point()
-             and class_dim(pred, target) is not None and bool((target == target.round()).all()))  # the error path
-    return (f'metric {metric_name(m)!r} does not fit these batches ({why}). They look like {task}'
-            + (f'; metrics that fit: {", ".join(fits)}' if fits else '')
-            + ('. If the targets are class labels, give them as integers: y.long()' if whole else ''))
+    whole = (
+        isinstance(pred, torch.Tensor)
+        and isinstance(target, torch.Tensor)
+        and target.is_floating_point()
+        and class_dim(pred, target) is not None
+        and bool((target == target.round()).all())
+    )  # the error path
+    return (
+        f'metric {metric_name(m)!r} does not fit these batches ({why}). They look like {task}'
+        + (f'; metrics that fit: {", ".join(fits)}' if fits else '')
+        + ('. If the targets are class labels, give them as integers: y.long()' if whole else '')
+    )
+
 
 def check_metrics(metrics, pred, target, update):
     "Each metric on a copy of this batch (`update(copy)` as the Learner does): one that does not fit fails now"
@@ -133,11 +203,13 @@ def check_metrics(metrics, pred, target, update):
             probe = copy.deepcopy(m)
             probe.reset()
             update(probe)
-        except Exception as e: raise ValueError(_unfit_metric(m, pred, target, f'{type(e).__name__}: {e}')) from e
+        except Exception as e:
+            raise ValueError(_unfit_metric(m, pred, target, f'{type(e).__name__}: {e}')) from e
         family = getattr(m, 'family', None)  # a built-in metric's kind: does it fit this kind of task?
         soft = getattr(m, 'soft_targets', False) and is_multilabel(pred, target)  # class probabilities: classes
         if family is not None and not soft and (fits := describe_task(pred, target)[1]) and family not in fits:
             raise ValueError(_unfit_metric(m, pred, target, f'{family} is not a metric of this kind of task'))
+
 
 def check_loss(loss):
     "The loss is a scalar tensor."

@@ -14,13 +14,32 @@ import torch
 import torch.nn.functional as F
 
 from .batches import BatchReader
-from .callback import (CallbackHost, CancelBackwardException, CancelBatchException, CancelEpochException,
-                                CancelFitException, CancelStepException, CancelTrainException, CancelValidateException)
+from nbtrainer.callback import (
+    CallbackHost,
+    CancelBackwardException,
+    CancelBatchException,
+    CancelEpochException,
+    CancelFitException,
+    CancelStepException,
+    CancelTrainException,
+    CancelValidateException,
+)
 from .checks import check_arguments, check_loss
 from .data import as_float32, check_fit_loaders, check_loader, plain_model, resolve_device
 from .metrics import default_metrics, make_metrics, metric_name
-from .parts import (Accumulation, FitProgress, FitState, PartNames, TrainPass, Validation, build_optimizer,
-                             check_plan, make_strategy, param_groups_for, set_lrs)
+from nbtrainer.parts import (
+    Accumulation,
+    FitProgress,
+    FitState,
+    PartNames,
+    TrainPass,
+    Validation,
+    build_optimizer,
+    check_plan,
+    make_strategy,
+    param_groups_for,
+    set_lrs,
+)
 from .precision import MixedPrecision
 from .recorder import Recorder, SkipNonFinite
 from .rng import preserve_rng, reproducibility
@@ -28,64 +47,111 @@ from .rng import preserve_rng, reproducibility
 # %% ../nbs/00_core.ipynb #a07ed064
 def patch_to(cls, as_prop=False):
     "Decorator: add the function to `cls` under its own name, as a method (or a property); it never replaces one."
+
     def attach(f):
         name, held = f.__name__, cls.__dict__.get(f.__name__)
         held = getattr(held, 'fget', held)
         again = getattr(held, 'patched_from', None) in (f.__module__, '__main__') or f.__module__ == '__main__'
         if held is not None and not (hasattr(held, 'patched_from') and again):  # a notebook may re-run its own cell
             where = getattr(held, '__module__', '?')
-            raise TypeError(f'{cls.__name__}.{name} exists already ({where}): a feature adds methods, it never '
-                            'replaces one. Give it a name of its own, or use a hook (nbs/00_core.ipynb, "Hooks")')
+            raise TypeError(
+                f'{cls.__name__}.{name} exists already ({where}): a feature adds methods, it never '
+                'replaces one. Give it a name of its own, or use a hook (nbs/00_core.ipynb, "Hooks")'
+            )
         f.__qualname__, f.patched_from = f'{cls.__name__}.{name}', f.__module__
         setattr(cls, name, property(f) if as_prop else f)
         return f
+
     return attach
 
 # %% ../nbs/00_core.ipynb #4aeee923
 HOOKS = dict.fromkeys(('display', 'preemption', 'fork_points', 'resume'))  # name -> the function that fills it
 
+
 def fills(hook):
     "Decorator: the function fills the Learner's `hook` (a key of `HOOKS`), once, in the module that owns the feature"
-    if hook not in HOOKS: raise ValueError(f'no hook {hook!r}: the hooks are {sorted(HOOKS)}')
+    if hook not in HOOKS:
+        raise ValueError(f'no hook {hook!r}: the hooks are {sorted(HOOKS)}')
+
     def fill(f):
         held = HOOKS[hook]
         if held is not None and held.__name__ != f.__name__:  # the same function again: a notebook re-ran its cell
             raise ValueError(f'hook {hook!r} is filled by {held.__module__}.{held.__qualname__} already')
         HOOKS[hook] = f
         return f
+
     return fill
+
 
 def _hook(name, why):
     "The function that fills hook `name`; one clear error if no module did."
-    if HOOKS[name] is None: raise RuntimeError(f'{why} needs nbtrainer.{_OWNERS[name]}, not imported: import nbtrainer')
+    if HOOKS[name] is None:
+        raise RuntimeError(f'{why} needs nbtrainer.{_OWNERS[name]}, not imported: import nbtrainer')
     return HOOKS[name]
+
 
 _OWNERS = {'display': 'dashboard', 'preemption': 'preemption', 'fork_points': 'fork', 'resume': 'checkpoint'}
 
 # %% ../nbs/00_core.ipynb #26eb173c
 # the event pairs, each an EventScope: (name, its cancel exception, the method that ends it, closes on errors too)
-_SCOPES = (('fit', CancelFitException, '_fit_ended', True), ('epoch', CancelEpochException, None, False),
-           ('train', CancelTrainException, '_end_train', False), ('validate', CancelValidateException, None, False),
-           ('batch', CancelBatchException, '_end_batch', False), ('backward', CancelBackwardException, None, False),
-           ('step', CancelStepException, None, False))
+_SCOPES = (
+    ('fit', CancelFitException, '_fit_ended', True),
+    ('epoch', CancelEpochException, None, False),
+    ('train', CancelTrainException, '_end_train', False),
+    ('validate', CancelValidateException, None, False),
+    ('batch', CancelBatchException, '_end_batch', False),
+    ('backward', CancelBackwardException, None, False),
+    ('step', CancelStepException, None, False),
+)
+
 
 def _default_callbacks(progress, dashboard, display, preemption, skip_nonfinite, fork_points):
     "The callbacks a Learner's arguments add besides its Recorder: the display, Preemption, SkipNonFinite, ForkPoints."
     defaults = [_hook('display', 'Learner(progress=True)')(dashboard, display)] if progress else []
-    if preemption and HOOKS['preemption'] is not None: defaults.append(HOOKS['preemption']())
-    if skip_nonfinite: defaults.append(SkipNonFinite())
-    if fork_points: defaults.append(_hook('fork_points', 'Learner(fork_points=N)')(fork_points))
+    if preemption and HOOKS['preemption'] is not None:
+        defaults.append(HOOKS['preemption']())
+    if skip_nonfinite:
+        defaults.append(SkipNonFinite())
+    if fork_points:
+        defaults.append(_hook('fork_points', 'Learner(fork_points=N)')(fork_points))
     return defaults
+
 
 class Learner(CallbackHost, BatchReader, PartNames):
     "Train `model` on `train_dl` with `loss_func` and an optimizer from `opt_func`; callbacks see every step."
+
     eval_seed = 0  # picks the fixed validation subset of fit(eval_subset=...)
 
-    def __init__(self, model, train_dl, valid_dl=None, loss_func=F.cross_entropy, opt_func=torch.optim.AdamW, lr=1e-3,
-                 metrics=None, cbs=(), device=None, progress=True, skip_nonfinite=False, precision='fp32', accumulate=1,
-                 clip_grad_norm=None, compile=False, dashboard=True, distributed=None, sync_bn=False, train_metrics=(),
-                 preemption=True, fork_points=0, splitter=None, deterministic=False, strategy='auto', display=None):
-        for name, dl in (('train_dl', train_dl), ('valid_dl', valid_dl)): check_loader(name, dl)
+    def __init__(
+        self,
+        model,
+        train_dl,
+        valid_dl=None,
+        loss_func=F.cross_entropy,
+        opt_func=torch.optim.AdamW,
+        lr=1e-3,
+        metrics=None,
+        cbs=(),
+        device=None,
+        progress=True,
+        skip_nonfinite=False,
+        precision='fp32',
+        accumulate=1,
+        clip_grad_norm=None,
+        compile=False,
+        dashboard=True,
+        distributed=None,
+        sync_bn=False,
+        train_metrics=(),
+        preemption=True,
+        fork_points=0,
+        splitter=None,
+        deterministic=False,
+        strategy='auto',
+        display=None,
+    ):
+        for name, dl in (('train_dl', train_dl), ('valid_dl', valid_dl)):
+            check_loader(name, dl)
         clip_grad_norm = check_arguments(loss_func, compile, clip_grad_norm)
         self.window, self.device = Accumulation(accumulate), resolve_device(device)  # the parts: nbs/00f_parts.ipynb
         self.precision, self.progress = MixedPrecision(precision, self.device), FitProgress()
@@ -96,7 +162,8 @@ class Learner(CallbackHost, BatchReader, PartNames):
         self.model, train_dl = self.strategy.prepare(model.to(self.device), self.device, train_dl, self.precision)
         self.param_groups.follow(plain_model(self.model), names)  # FSDP made new (sharded) parameters
         self.param_groups.on_change = self._rewrap
-        if compile: self.model = torch.compile(self.model, **(compile if isinstance(compile, dict) else {}))
+        if compile:
+            self.model = torch.compile(self.model, **(compile if isinstance(compile, dict) else {}))
         self.data_pass, self.valid_dl, self.clip_grad_norm = TrainPass(train_dl), valid_dl, clip_grad_norm
         self.loss_func, self.opt_func, self.opt, self._lr = loss_func, opt_func, None, lr  # lr: spread over the groups
         self.metrics = make_metrics(default_metrics(loss_func) if metrics is None else metrics, loss_func, self.device)
@@ -110,14 +177,16 @@ class Learner(CallbackHost, BatchReader, PartNames):
         defaults = _default_callbacks(progress, dashboard, display, preemption, skip_nonfinite, fork_points)
         super().__init__([self.recorder, *defaults, *cbs], _SCOPES)  # the callbacks, and the event pairs (EventScope)
 
-    def validation_names(self): return {'valid_loss', *(metric_name(m) for m in self.metrics)}
+    def validation_names(self):
+        return {'valid_loss', *(metric_name(m) for m in self.metrics)}
 
     def evaluation_columns(self):
         "The columns this fit's evaluation rows will have: what monitors may name (callbacks add theirs in `eval_columns`)."
         train_metrics = ('train_' + metric_name(m) for m in self.recorder.train_metrics)
         present = {'grad_norm': self.clip_grad_norm is not None, 'skipped_steps': self.precision.scaler is not None}
         columns = {'epoch', 'step', 'train_loss', 'lr', 'time', *train_metrics, *filter(present.get, present)}
-        if self.valid_dl is not None: columns |= self.validation_names()
+        if self.valid_dl is not None:
+            columns |= self.validation_names()
         return columns | {c for cb in self.cbs for c in getattr(cb, 'eval_columns', None) or ()}
 
     # ---- optimizer and lr ----
@@ -128,7 +197,8 @@ class Learner(CallbackHost, BatchReader, PartNames):
     def create_opt(self):
         "(Re)build the optimizer: a param group per parameter group, each at its share (`lr_scale`) of `self.lr`."
         self.opt, lr = build_optimizer(self.opt_func, self.param_groups.groups, self._lr, self.device, self.opt)
-        if lr is not None: self.lr = lr  # the groups' lr_scale (an optimizer built by the user: its groups' ratios)
+        if lr is not None:
+            self.lr = lr  # the groups' lr_scale (an optimizer built by the user: its groups' ratios)
 
     @property
     def lr(self):
@@ -155,22 +225,39 @@ class Learner(CallbackHost, BatchReader, PartNames):
         "The optimizer updates the weights (through the fp16 scaler, which skips an update of gradients not finite)."
         self.precision.update_weights(self.opt)
 
-    def zero_grad(self): self.opt.zero_grad()
+    def zero_grad(self):
+        self.opt.zero_grad()
 
     # ---- the loop: fit → epoch → train → batch → step ----
-    def fit(self, epochs=None, *, steps=None, steps_per_epoch=None, eval_every=None, eval_subset=None, cbs=(), lr=None,
-            reset_opt=False, resume=None, allow_changes=None):
+    def fit(
+        self,
+        epochs=None,
+        *,
+        steps=None,
+        steps_per_epoch=None,
+        eval_every=None,
+        eval_subset=None,
+        cbs=(),
+        lr=None,
+        reset_opt=False,
+        resume=None,
+        allow_changes=None,
+    ):
         "Train for `epochs` epochs, or `steps` optimizer steps; validate each epoch or every `eval_every` steps."
         with self.fit_state.one_at_a_time():
             cbs = self.add_cbs(cbs)
             try:
                 # first: a callback refuses what it must hold alone (a folder's lock) before any file is opened
                 self('claim')
-                self._plan_fit(epochs, steps, steps_per_epoch, eval_every, eval_subset, lr, reset_opt, resume, allow_changes)
+                self._plan_fit(
+                    epochs, steps, steps_per_epoch, eval_every, eval_subset, lr, reset_opt, resume, allow_changes
+                )
                 self._run_fit()
             finally:
-                try: self._fire_all('release')
-                finally: self.remove_cbs(cbs)
+                try:
+                    self._fire_all('release')
+                finally:
+                    self.remove_cbs(cbs)
 
     def _plan_fit(self, epochs, steps, steps_per_epoch, eval_every, eval_subset, lr, reset_opt, resume, allow_changes):
         check_plan(epochs, steps, steps_per_epoch, eval_every)
@@ -179,11 +266,14 @@ class Learner(CallbackHost, BatchReader, PartNames):
         progress.start_fit()
         if resume:  # the hook nbtrainer.checkpoint fills: the whole state back, the fit's start and position included
             _hook('resume', 'fit(resume=...)')(self, resume, allow_changes=allow_changes, lr_given=lr is not None)
-        if reset_opt: self.create_opt()
-        if lr is not None: self.lr = lr
+        if reset_opt:
+            self.create_opt()
+        if lr is not None:
+            self.lr = lr
         per_pass = math.ceil(n_batches / self.window.n) if n_batches else None  # optimizer steps in a pass
         progress.plan(epochs, steps, steps_per_epoch, eval_every, per_pass, eval_subset)
-        if continuing and not resume: progress.check_left()  # a fork's fit with nothing left says which call goes on
+        if continuing and not resume:
+            progress.check_left()  # a fork's fit with nothing left says which call goes on
         self.validation.plan(self.valid_dl, eval_subset, self.eval_seed)  # eval_subset: on a fixed, seeded subset
 
     def _run_fit(self):
@@ -202,17 +292,20 @@ class Learner(CallbackHost, BatchReader, PartNames):
                         self._epoch()
                     progress.next_epoch()
                 with progress.after_last_epoch():  # an evaluation after the epochs ran: labelled with the last
-                    if progress.eval_every and progress.step != progress.last_eval_step: self._evaluate()
+                    if progress.eval_every and progress.step != progress.last_eval_step:
+                        self._evaluate()
                     row = self.eval_row  # a subset fit evaluates the full set once, at the end, unless that row has it
                     if self.eval_prefix and not (row and row.get('step') == self.step and 'valid_loss' in row):
                         self._evaluate(self.valid_dl, '')
         finally:
             self.fit_state.running, self.fit_state.thread, progress.epoch_done = False, None, False
-            if not progress.steps_per_epoch: self.data_pass.end()  # only a fit of steps_per_epoch leaves its pass to the next
+            if not progress.steps_per_epoch:
+                self.data_pass.end()  # only a fit of steps_per_epoch leaves its pass to the next
             self._set_phase(False)
             self.model.train()
 
-    def _fit_ended(self, exc): self.fit_state.end(exc)  # how it ended, recorded before after_cancel_fit and after_fit
+    def _fit_ended(self, exc):
+        self.fit_state.end(exc)  # how it ended, recorded before after_cancel_fit and after_fit
 
     def _epoch(self):
         "An epoch: its training phase, then its evaluation unless the fit evaluates every `eval_every` steps."
@@ -222,8 +315,10 @@ class Learner(CallbackHost, BatchReader, PartNames):
             self._train()
         # training of this epoch is complete: a checkpoint from now on resumes at the next
         self.progress.epoch_done = True
-        if not self.progress.steps_per_epoch: self.data_pass.end()  # the next epoch starts a pass of its own
-        if not self.progress.eval_every: self._evaluate()
+        if not self.progress.steps_per_epoch:
+            self.data_pass.end()  # the next epoch starts a pass of its own
+        if not self.progress.eval_every:
+            self._evaluate()
 
     def _train(self):
         "The training phase: batches from the pass under way (or new passes) until this epoch's last step."
@@ -231,85 +326,119 @@ class Learner(CallbackHost, BatchReader, PartNames):
         self.dl, data, progress = self.train_dl, self.data_pass, self.progress
         self.model.train()
         self._check_next, self._read_pairs = True, self._plain_batches()
-        if self.window.backwards: self.zero_grad()  # a window a cancel cut short: no gradient leaks into the next
+        if self.window.backwards:
+            self.zero_grad()  # a window a cancel cut short: no gradient leaks into the next
         self.window.drop()
         end = progress.train_end_step()
-        if data.resume_at or not progress.steps_per_epoch: data.end()  # an epoch is a pass of its own
+        if data.resume_at or not progress.steps_per_epoch:
+            data.end()  # an epoch is a pass of its own
         while progress.step < end:
-            if not data.under_way and data.start() and progress.eval_due(): self._evaluate()  # resumed where one was due
+            if not data.under_way and data.start() and progress.eval_due():
+                self._evaluate()  # resumed where one was due
             for self.iter, batch in data.batches:
                 data.batches_done = self.iter + 1  # taken from the loader, as a checkpoint in after_batch must know
                 self._one_batch(batch)
-                if progress.eval_every and progress.eval_due(): self._evaluate()  # by default, at the epoch's end
-                if progress.step >= end: break
+                if progress.eval_every and progress.eval_due():
+                    self._evaluate()  # by default, at the epoch's end
+                if progress.step >= end:
+                    break
             else:  # the pass ran out
-                if data.batches_done == 0: raise ValueError('train_dl yielded no batches: the training loader is empty')
-                if self.window.backwards: self._update()  # a trailing window the loader's length did not announce
+                if data.batches_done == 0:
+                    raise ValueError('train_dl yielded no batches: the training loader is empty')
+                if self.window.backwards:
+                    self._update()  # a trailing window the loader's length did not announce
                 data.end()
-                if not progress.steps_per_epoch: break  # so did the epoch
+                if not progress.steps_per_epoch:
+                    break  # so did the epoch
         self.window.accumulating = False
 
-    def _end_train(self, exc): self.strategy.end_train(self)  # DDP: a stop asked on any rank, at the end of training
+    def _end_train(self, exc):
+        self.strategy.end_train(self)  # DDP: a stop asked on any rank, at the end of training
 
     def _one_batch(self, batch):
         "One batch in its scope: forward and loss; in training, backward, and the step when it ends a window"
         self._read_batch(batch)
         training, window = self.training, self.window
         if training:  # the accumulation window: planned at its first micro-batch, once
-            if window.left: window.take(self.bs)  # a later micro-batch of the window under way
-            elif window.n == 1: window.open(1, self.bs, self.bs)  # no accumulation: each batch is its own window
-            else: window.plan(self.data_pass, self.iter, self.bs, self.yb if self.yb is not None else self.xb,
-                              exact=self.weights is None and self.tokens is None)
-            if self.strategy.distributed: self.strategy.count_examples(self)
-        with self._dispatch.batch:
-            if self._events['before_batch']: self('before_batch')
-            if self.precision.dtype is None: self._forward()
+            if window.left:
+                window.take(self.bs)  # a later micro-batch of the window under way
+            elif window.n == 1:
+                window.open(1, self.bs, self.bs)  # no accumulation: each batch is its own window
             else:
-                with self.precision.autocast(): self._forward()
+                window.plan(
+                    self.data_pass,
+                    self.iter,
+                    self.bs,
+                    self.yb if self.yb is not None else self.xb,
+                    exact=self.weights is None and self.tokens is None,
+                )
+            if self.strategy.distributed:
+                self.strategy.count_examples(self)
+        with self._dispatch.batch:
+            if self._events['before_batch']:
+                self('before_batch')
+            if self.precision.dtype is None:
+                self._forward()
+            else:
+                with self.precision.autocast():
+                    self._forward()
             if not training:
                 self.validation.add(self.loss, self.bs, self.pred, self.yb, self.weights)
                 self.update_metrics(self.metrics)
             else:
                 self.loss_grad = self.loss if window.step_examples is self.bs else window.share(self.loss, self.bs)
                 with self._dispatch.backward:  # callbacks may rescale loss_grad in before_backward
-                    if self._events['before_backward']: self('before_backward')
+                    if self._events['before_backward']:
+                        self('before_backward')
                     self.backward()
                     window.add_backward()
 
     def _forward(self):
         "The forward pass and the loss, with their events (under the precision's autocast)."
-        try: self.predict()
+        try:
+            self.predict()
         except Exception as e:
-            if self._check_next and self._model_loss(): self._diagnose_labels(e)  # the model's own loss failed
+            if self._check_next and self._model_loss():
+                self._diagnose_labels(e)  # the model's own loss failed
             raise
-        if self._check_next: self._check_first_batch()
-        if self._events['after_pred']: self('after_pred')
+        if self._check_next:
+            self._check_first_batch()
+        if self._events['after_pred']:
+            self('after_pred')
         self.get_loss()
         if self._check_next:
             self._check_next = False
             check_loss(self.loss)
-        if self._events['after_loss']: self('after_loss')
+        if self._events['after_loss']:
+            self('after_loss')
 
     def _end_batch(self, exc):
         "A training batch ends, cancelled or not: the optimizer step when its window is complete, before `after_batch`."
-        if not self.training: return
+        if not self.training:
+            return
         window = self.window
-        if window.backwards and not window.accumulating: self._update()
-        if self.strategy.distributed: self.strategy.end_batch(self)
+        if window.backwards and not window.accumulating:
+            self._update()
+        if self.strategy.distributed:
+            self.strategy.end_batch(self)
 
     def _update(self):
         "The optimizer step of a finished window in its scope: clipping, the update, the count; then `zero_grad`."
         window, precision = self.window, self.precision
-        if window.examples_seen is not window.step_examples: window.rescale(self.model)  # the plan was an estimate
-        if self.strategy.distributed: self.strategy.sync_window(self)
+        if window.examples_seen is not window.step_examples:
+            window.rescale(self.model)  # the plan was an estimate
+        if self.strategy.distributed:
+            self.strategy.sync_window(self)
         with self._dispatch.step:
-            if self._events['before_step']: self('before_step')
+            if self._events['before_step']:
+                self('before_step')
             if self.clip_grad_norm is not None:
                 precision.unscale(self.opt)  # fp16: clip the true gradients
                 self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
             self.update_weights()
             self.progress.step += 1
-        if precision.unscaled: precision.end_step()
+        if precision.unscaled:
+            precision.end_step()
         self.zero_grad()
         window.backwards = 0
 
@@ -318,13 +447,16 @@ class Learner(CallbackHost, BatchReader, PartNames):
         "Evaluate on `dl` (default: `valid_dl`); {metric name: value}. `ema=True`: with a callback's averaged weights."
         swaps = (getattr(cb, 'averaged_weights', lambda: None)() for cb in self.cbs)  # the hook EMA and SWA fill
         swap = next(filter(None, swaps), None) if ema else contextlib.nullcontext()
-        if swap is None: raise ValueError('validate(ema=True) needs an EMA callback that averaged: cbs=[EMA()], a fit')
+        if swap is None:
+            raise ValueError('validate(ema=True) needs an EMA callback that averaged: cbs=[EMA()], a fit')
         saved, evaluating = self.metric_values, self.evaluating
         self.evaluating = False  # inside a fit's evaluation (e.g. EMA's): not one itself
         try:
-            with swap: return dict(self._run_validate(self._valid_dl(dl)))
+            with swap:
+                return dict(self._run_validate(self._valid_dl(dl)))
         finally:
-            if evaluating: self.evaluating, self.metric_values = True, saved  # that evaluation's values, for its row
+            if evaluating:
+                self.evaluating, self.metric_values = True, saved  # that evaluation's values, for its row
 
     def get_preds(self, dl=None):
         "Predictions and targets for `dl` (default: `valid_dl`), concatenated on the CPU; padding (weight 0) left out."
@@ -338,14 +470,16 @@ class Learner(CallbackHost, BatchReader, PartNames):
         validation = self.validation
         self.progress.last_eval_step, validation.evaluating = self.step, True
         try:
-            values = self._run_validate(validation.fit_dl if dl is None else dl,
-                                        prefix=validation.fit_prefix if prefix is None else prefix)
+            values = self._run_validate(
+                validation.fit_dl if dl is None else dl, prefix=validation.fit_prefix if prefix is None else prefix
+            )
             if dl is None and validation.fit_prefix and self.progress.fit_ends_now():  # the fit's last: full set too
                 validation.values = {**values, **self._run_validate(self.valid_dl)}
             self.strategy.end_evaluation(self)  # DDP: the training statistics since the last row, summed
             validation.row = self.recorder.add_row()
             self('after_eval')
-        finally: validation.evaluating = False
+        finally:
+            validation.evaluating = False
 
     def _run_validate(self, dl, collect=None, prefix=''):
         saved = self.training, getattr(self, 'dl', None), getattr(self, 'iter', None), self._check_next
@@ -353,15 +487,18 @@ class Learner(CallbackHost, BatchReader, PartNames):
         self._set_phase(False)
         validation.start(self.metrics, prefix, collect)
         self.model.eval()
-        if self.fitting: self.data_pass.hold_rng()  # a checkpoint saved now keeps training's random state
+        if self.fitting:
+            self.data_pass.hold_rng()  # a checkpoint saved now keeps training's random state
         try:
             with torch.no_grad(), preserve_rng(self.device), self._dispatch.validate:
                 self.dl = dl
                 self('before_validate')
                 self.dl = self.strategy.eval_loader(self, self.dl)
                 self._check_next, self._read_pairs, self.iter = True, self._plain_batches(), -1
-                for self.iter, batch in enumerate(self.dl if self.dl is not None else ()): self._one_batch(batch)
-                if self.dl is not None: validation.finish(self.metrics, self.iter + 1)  # read from the device once
+                for self.iter, batch in enumerate(self.dl if self.dl is not None else ()):
+                    self._one_batch(batch)
+                if self.dl is not None:
+                    validation.finish(self.metrics, self.iter + 1)  # read from the device once
         finally:
             training, self.dl, self.iter, self._check_next = saved
             self._set_phase(training)
@@ -374,5 +511,6 @@ class Learner(CallbackHost, BatchReader, PartNames):
         if self.fitting and self.fit_state.thread != threading.get_ident():
             raise RuntimeError('a fit is running on this Learner in another thread: validate or predict after it ends')
         dl = dl if dl is not None else self.valid_dl
-        if dl is None: raise ValueError('no validation data: pass valid_dl= to Learner, or dl= here')
+        if dl is None:
+            raise ValueError('no validation data: pass valid_dl= to Learner, or dl= here')
         return dl

@@ -22,14 +22,18 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 # %% ../nbs/00b_data.ipynb #67113fd2
 def default_device():
     "CUDA if available, then Apple's MPS, then the CPU."
-    if torch.cuda.is_available(): return torch.device('cuda', torch.cuda.current_device())
-    if getattr(torch.backends, 'mps', None) and torch.backends.mps.is_available(): return torch.device('mps')
+    if torch.cuda.is_available():
+        return torch.device('cuda', torch.cuda.current_device())
+    if getattr(torch.backends, 'mps', None) and torch.backends.mps.is_available():
+        return torch.device('mps')
     return torch.device('cpu')
+
 
 def resolve_device(device=None):
     "`device`, or the default one; a bare 'cuda' gets its index so device checks compare equal."
     device = torch.device(device) if device is not None else default_device()
-    if device.type == 'cuda' and device.index is None: device = torch.device('cuda', torch.cuda.current_device())
+    if device.type == 'cuda' and device.index is None:
+        device = torch.device('cuda', torch.cuda.current_device())
     return device
 
 # %% ../nbs/00b_data.ipynb #c646d404
@@ -41,29 +45,37 @@ def to_device(batch, device):
         # a tensor already on the device costs no call: the usual batch
         moved = [v if isinstance(v, torch.Tensor) and v.device == device else to_device(v, device) for v in batch]
         return type(batch)(*moved) if hasattr(batch, '_fields') else type(batch)(moved)
-    if isinstance(batch, Mapping): return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, Mapping):
+        return {k: to_device(v, device) for k, v in batch.items()}
     return batch
+
 
 def batch_size(b):
     "The number of examples in a batch part: the length of its first tensor."
-    if isinstance(b, torch.Tensor): return b.shape[0] if b.ndim else 1
+    if isinstance(b, torch.Tensor):
+        return b.shape[0] if b.ndim else 1
     items = b.values() if isinstance(b, Mapping) else b if isinstance(b, (list, tuple)) else ()
     for item in items:
         n = batch_size(item)
-        if n: return n
+        if n:
+            return n
     return 0
 
 # %% ../nbs/00b_data.ipynb #0989702c
 def check_loader(name, dl):
     "A loader the Learner can take: one that starts a new pass each time it is iterated, and gives batches."
     if isinstance(dl, Dataset) and not isinstance(dl, IterableDataset):
-        raise TypeError(f'{name} is a Dataset, which gives one example at a time, not a loader of batches: '
-                        f'pass DataLoader(dataset, batch_size=...{", shuffle=True" if name == "train_dl" else ""})')
+        raise TypeError(
+            f'{name} is a Dataset, which gives one example at a time, not a loader of batches: '
+            f'pass DataLoader(dataset, batch_size=...{", shuffle=True" if name == "train_dl" else ""})'
+        )
     if isinstance(dl, Iterator):  # a generator, iter(loader), a file: its second pass would be empty
         kind = 'a generator' if inspect.isgenerator(dl) else 'an iterator'
-        raise TypeError(f'{name} is {kind}, which can be iterated once: the next epoch (or evaluation) would find '
-                        'it empty. Pass a DataLoader, a list of batches, or an object whose __iter__ starts a new pass '
-                        '(e.g. a class with __iter__ that yields batches)')
+        raise TypeError(
+            f'{name} is {kind}, which can be iterated once: the next epoch (or evaluation) would find '
+            'it empty. Pass a DataLoader, a list of batches, or an object whose __iter__ starts a new pass '
+            '(e.g. a class with __iter__ that yields batches)'
+        )
 
 # %% ../nbs/00b_data.ipynb #8909b8ca
 def plain_model(model):
@@ -72,7 +84,9 @@ def plain_model(model):
         model = getattr(model, 'module', None) or model._orig_mod
     return model
 
+
 _forward_arguments = weakref.WeakKeyDictionary()  # model -> what its forward takes
+
 
 def forward_arguments(model):
     "The names `model.forward` declares, and whether it takes any keyword (**kwargs); looked up once per model."
@@ -82,38 +96,55 @@ def forward_arguments(model):
         _forward_arguments[model] = named, any(p.kind is p.VAR_KEYWORD for p in params)
     return _forward_arguments[model]
 
+
 def no_target_message(batch, target_keys):
     "Why a batch has no target, and the fix."
     if isinstance(batch, Mapping):
-        return (f'the batches have no target: none of their keys {sorted(batch)} is one of learn.target_keys '
-                f'{target_keys}; set learn.target_keys = ("your_target_key",)')
-    return ('the batches have no target (each is a single tensor), but the loss needs one: have the loader yield '
-            '(inputs, targets) pairs or dicts with a "y" key, or use a loss of the predictions alone')
+        return (
+            f'the batches have no target: none of their keys {sorted(batch)} is one of learn.target_keys '
+            f'{target_keys}; set learn.target_keys = ("your_target_key",)'
+        )
+    return (
+        'the batches have no target (each is a single tensor), but the loss needs one: have the loader yield '
+        '(inputs, targets) pairs or dicts with a "y" key, or use a loss of the predictions alone'
+    )
+
 
 def inputs_and_target(batch, model, target_keys, weight_keys):
     "A batch's model inputs (a tuple, or a dict of keyword inputs) and its target (None if it has none)."
     if isinstance(batch, (list, tuple)):
         return (tuple(batch), None) if len(batch) == 1 else (tuple(batch[:-1]), batch[-1])
-    if not isinstance(batch, Mapping): return (batch,), None
+    if not isinstance(batch, Mapping):
+        return (batch,), None
     key = next((k for k in target_keys if k in batch), None)
     target = batch[key] if key is not None else None
     inputs = {k: v for k, v in batch.items() if k != key and k not in weight_keys}
     names, any_keyword = forward_arguments(model)
     if any_keyword or inputs.keys() <= names:  # keywords the model takes; the target too, if it names it
         return ({**inputs, key: target} if key in names else inputs), target
-    if len(inputs) == 1: return tuple(inputs.values()), target  # e.g. nn.Sequential: the input, positionally
-    if key is None: raise ValueError(no_target_message(batch, target_keys))
-    raise ValueError(f'the batch has inputs {sorted(inputs)} but {type(model).__name__}.forward takes {sorted(names)}: '
-                     'rename the batch keys, or set learn.target_keys / learn.weight_keys')
+    if len(inputs) == 1:
+        return tuple(inputs.values()), target  # e.g. nn.Sequential: the input, positionally
+    if key is None:
+        raise ValueError(no_target_message(batch, target_keys))
+    raise ValueError(
+        f'the batch has inputs {sorted(inputs)} but {type(model).__name__}.forward takes {sorted(names)}: '
+        'rename the batch keys, or set learn.target_keys / learn.weight_keys'
+    )
+
 
 def model_prediction(out, pred_key='logits'):
     "The prediction in a model's output: a tuple's first item, or a mapping's or dataclass's `pred_key` item."
     found = out.get(pred_key) if isinstance(out, Mapping) else getattr(out, pred_key, None)
-    if found is not None: return found
-    if isinstance(out, (list, tuple)): return out[0]
+    if found is not None:
+        return found
+    if isinstance(out, (list, tuple)):
+        return out[0]
     keys = sorted(out) if isinstance(out, Mapping) else [k for k in dir(out) if not k.startswith('_')]
-    raise ValueError(f'the model returned a {type(out).__name__} without {pred_key!r} (it has {keys}): '
-                     'set learn.pred_key to the name of its predictions')
+    raise ValueError(
+        f'the model returned a {type(out).__name__} without {pred_key!r} (it has {keys}): '
+        'set learn.pred_key to the name of its predictions'
+    )
+
 
 def as_float32(t):
     "Predictions in float32 when autocast made them fp16 or bf16, so numpy and scikit-learn take them as they are."
@@ -122,126 +153,186 @@ def as_float32(t):
 # %% ../nbs/00b_data.ipynb #3e594f7f
 def loader_length(dl):
     "The number of batches `dl` yields per pass, or None when it cannot tell."
-    try: return len(dl)
-    except TypeError: return None
+    try:
+        return len(dl)
+    except TypeError:
+        return None
 
 # %% ../nbs/00b_data.ipynb #8ff64212
 def check_fit_loaders(train_dl, valid_dl=None, epochs=None, steps_per_epoch=None):
     "The loaders a fit is about to use, checked; returns the training loader's length (None: it cannot tell)."
-    for name, dl in (('train_dl', train_dl), ('valid_dl', valid_dl)): check_loader(name, dl)
+    for name, dl in (('train_dl', train_dl), ('valid_dl', valid_dl)):
+        check_loader(name, dl)
     n_batches = loader_length(train_dl)
-    if n_batches == 0: raise ValueError('train_dl yielded no batches: the training loader is empty')
+    if n_batches == 0:
+        raise ValueError('train_dl yielded no batches: the training loader is empty')
     if n_batches is None and epochs is not None and steps_per_epoch is None:
-        warnings.warn('train_dl has no length (an IterableDataset without __len__, say): each epoch of fit(epochs) '
-                      'ends when it runs out, and an endless stream never does, nor evaluates. For a stream, pass '
-                      'steps= or steps_per_epoch=', stacklevel=4)
+        warnings.warn(
+            'train_dl has no length (an IterableDataset without __len__, say): each epoch of fit(epochs) '
+            'ends when it runs out, and an endless stream never does, nor evaluates. For a stream, pass '
+            'steps= or steps_per_epoch=',
+            stacklevel=4,
+        )
     if loader_length(valid_dl) == 0:
-        raise ValueError('valid_dl is empty: pass a validation loader with batches, or valid_dl=None to train without '
-                         'validation')
+        raise ValueError(
+            'valid_dl is empty: pass a validation loader with batches, or valid_dl=None to train without validation'
+        )
     return n_batches
 
 # %% ../nbs/00b_data.ipynb #06a6c94f
 def batch_sizes(dl):
     "The examples in batch `i` of `dl` as a function of `i`, known without loading it; None if `dl` cannot tell."
-    if not isinstance(dl, DataLoader) or dl.batch_size is None or isinstance(dl.dataset, IterableDataset): return None
-    try: n = len(dl.sampler)
-    except TypeError: return None
+    if not isinstance(dl, DataLoader) or dl.batch_size is None or isinstance(dl.dataset, IterableDataset):
+        return None
+    try:
+        n = len(dl.sampler)
+    except TypeError:
+        return None
     size = dl.batch_size
     return lambda i: size if dl.drop_last else max(0, min(size, n - i * size))
 
 # %% ../nbs/00b_data.ipynb #1e024c5a
 class _SkipFirst:
     "A batch sampler that draws every batch of `batch_sampler` and yields those from the `n`-th on."
-    def __init__(self, batch_sampler, n): self.batch_sampler, self.n, self.batches = batch_sampler, n, None
-    def __len__(self): return max(0, len(self.batch_sampler) - self.n)
+
+    def __init__(self, batch_sampler, n):
+        self.batch_sampler, self.n, self.batches = batch_sampler, n, None
+
+    def __len__(self):
+        return max(0, len(self.batch_sampler) - self.n)
 
     def __iter__(self):
         self.batches = _Skipping(iter(self.batch_sampler), self.n)
         return self.batches
 
+
 class _Skipping:
     "Batches of indices without the first `n`, skipped at the first draw, or earlier with `skip()`."
-    def __init__(self, batches, n): self.batches, self.n = batches, n
-    def __iter__(self): return self
+
+    def __init__(self, batches, n):
+        self.batches, self.n = batches, n
+
+    def __iter__(self):
+        return self
 
     def skip(self):
         "Draw and drop the first `n` batches of indices now: the sampler takes its random numbers here."
-        for _ in range(self.n): next(self.batches, None)
+        for _ in range(self.n):
+            next(self.batches, None)
         self.n = 0
 
     def __next__(self):
-        if self.n: self.skip()
+        if self.n:
+            self.skip()
         return next(self.batches)
+
 
 def skip_batches(dl, n):
     "An iterator over `dl` from batch `n` on: skipped at the sampler (none of the first `n` loaded) where `dl` allows."
     if n and type(dl) is DataLoader and not isinstance(dl.dataset, IterableDataset) and dl.batch_sampler is not None:
         extra = {'prefetch_factor': dl.prefetch_factor} if dl.num_workers else {}
-        dl = DataLoader(dl.dataset, batch_sampler=_SkipFirst(dl.batch_sampler, n), num_workers=dl.num_workers,
-                        collate_fn=dl.collate_fn, pin_memory=dl.pin_memory, timeout=dl.timeout,
-                        worker_init_fn=dl.worker_init_fn, multiprocessing_context=dl.multiprocessing_context,
-                        generator=dl.generator, persistent_workers=dl.persistent_workers, **extra)
+        dl = DataLoader(
+            dl.dataset,
+            batch_sampler=_SkipFirst(dl.batch_sampler, n),
+            num_workers=dl.num_workers,
+            collate_fn=dl.collate_fn,
+            pin_memory=dl.pin_memory,
+            timeout=dl.timeout,
+            worker_init_fn=dl.worker_init_fn,
+            multiprocessing_context=dl.multiprocessing_context,
+            generator=dl.generator,
+            persistent_workers=dl.persistent_workers,
+            **extra,
+        )
         batches = iter(dl)
         dl.batch_sampler.batches.skip()  # the sampler draws its order now, as a whole pass's first batch would
         return batches
     batches = iter(dl)
-    for _ in range(n): next(batches)  # an iterable that cannot skip: read and drop
+    for _ in range(n):
+        next(batches)  # an iterable that cannot skip: read and drop
     return batches
 
 # %% ../nbs/00b_data.ipynb #7f9e74c6
 def data_fingerprint(dl):
     "What decides an epoch's batches: dataset length, batch size, number of batches, sampler kind (None where unknown)."
     dataset = getattr(dl, 'dataset', None)
-    sampler = getattr(dl, 'batch_sampler', None) if getattr(dl, 'batch_size', None) is None else getattr(dl, 'sampler', None)
+    sampler = (
+        getattr(dl, 'batch_sampler', None) if getattr(dl, 'batch_size', None) is None else getattr(dl, 'sampler', None)
+    )
     kind = type(sampler).__name__ if sampler is not None else type(dl).__name__
-    if hasattr(sampler, 'num_replicas'): kind += f'({sampler.num_replicas} ranks)'
-    return {'dataset_length': loader_length(dataset) if dataset is not None else None,
-            'batch_size': getattr(dl, 'batch_size', None), 'batches': loader_length(dl), 'sampler': kind}
+    if hasattr(sampler, 'num_replicas'):
+        kind += f'({sampler.num_replicas} ranks)'
+    return {
+        'dataset_length': loader_length(dataset) if dataset is not None else None,
+        'batch_size': getattr(dl, 'batch_size', None),
+        'batches': loader_length(dl),
+        'sampler': kind,
+    }
 
 # %% ../nbs/00b_data.ipynb #d5edafe7
 def _digest_into(h, item):
-    if isinstance(item, torch.Tensor): h.update(item.detach().cpu().contiguous().numpy().tobytes())
+    if isinstance(item, torch.Tensor):
+        h.update(item.detach().cpu().contiguous().numpy().tobytes())
     elif isinstance(item, Mapping):
         for k in sorted(item, key=str):
             h.update(str(k).encode())
             _digest_into(h, item[k])
     elif isinstance(item, (list, tuple)):
-        for v in item: _digest_into(h, v)
-    else: h.update(repr(item).encode())
+        for v in item:
+            _digest_into(h, v)
+    else:
+        h.update(repr(item).encode())
+
 
 def examples_digest(dl, k=5):
     "A short hash of `k` examples spread over `dl`'s map-style dataset (seeded, so augmentation repeats); None if it can't."
     dataset = getattr(dl, 'dataset', None)
     n = loader_length(dataset) if dataset is not None and not isinstance(dataset, IterableDataset) else None
-    if not n: return None
+    if not n:
+        return None
     h, py_state, np_state = hashlib.sha256(), random.getstate(), np.random.get_state()
     try:
         with torch.random.fork_rng(devices=[]):
             for i in sorted({round(j * (n - 1) / max(k - 1, 1)) for j in range(k)}):
                 torch.manual_seed(i), random.seed(i), np.random.seed(i)
                 _digest_into(h, dataset[i])
-    finally: random.setstate(py_state), np.random.set_state(np_state)
+    finally:
+        random.setstate(py_state), np.random.set_state(np_state)
     return h.hexdigest()[:16]
 
 # %% ../nbs/00b_data.ipynb #402dffbb
 def rebatch(dl, batch_size, dataset=None):
     "A DataLoader over `dl.dataset` (or `dataset`) with `batch_size`, in order; keeps `dl`'s collate_fn, workers and pinning."
-    if not (isinstance(batch_size, int) and batch_size >= 1): raise ValueError(f'batch_size must be an int >= 1, got {batch_size!r}')
+    if not (isinstance(batch_size, int) and batch_size >= 1):
+        raise ValueError(f'batch_size must be an int >= 1, got {batch_size!r}')
     if getattr(dl, 'dataset', None) is None:
-        raise TypeError(f'cannot re-batch a {type(dl).__name__}: it has no .dataset; pass a torch DataLoader, or batch it yourself')
-    return DataLoader(dataset if dataset is not None else dl.dataset, batch_size=batch_size, shuffle=False, collate_fn=dl.collate_fn,
-                      num_workers=dl.num_workers, pin_memory=dl.pin_memory, worker_init_fn=dl.worker_init_fn,
-                      persistent_workers=dl.persistent_workers)
+        raise TypeError(
+            f'cannot re-batch a {type(dl).__name__}: it has no .dataset; pass a torch DataLoader, or batch it yourself'
+        )
+    return DataLoader(
+        dataset if dataset is not None else dl.dataset,
+        batch_size=batch_size,
+        shuffle=False,
+        collate_fn=dl.collate_fn,
+        num_workers=dl.num_workers,
+        pin_memory=dl.pin_memory,
+        worker_init_fn=dl.worker_init_fn,
+        persistent_workers=dl.persistent_workers,
+    )
+
 
 def eval_loader(dl, factor=2):
     "`dl` re-batched with `factor` times its batch size, for evaluation."
-    if dl.batch_size is None: raise ValueError('dl has no batch_size (it uses a batch_sampler): call rebatch(dl, n) instead')
+    if dl.batch_size is None:
+        raise ValueError('dl has no batch_size (it uses a batch_sampler): call rebatch(dl, n) instead')
     return rebatch(dl, dl.batch_size * factor)
+
 
 def subset_loader(dl, size, seed=0):
     "A loader over a fixed, seeded subset of `dl`'s dataset: `size` examples, or a fraction of them if a float."
     n = len(getattr(dl, 'dataset', ()) or ())
-    if not n: raise TypeError(f'eval_subset needs a validation DataLoader with a sized .dataset, got {type(dl).__name__}')
+    if not n:
+        raise TypeError(f'eval_subset needs a validation DataLoader with a sized .dataset, got {type(dl).__name__}')
     k = size if isinstance(size, int) else round(size * n)
     if not (isinstance(size, (int, float)) and 0 < k <= n):
         raise ValueError(f'eval_subset must be an int in 1..{n} or a fraction in (0, 1], got {size!r}')

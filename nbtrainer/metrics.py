@@ -22,13 +22,24 @@ import torch.nn.functional as F
 # %% ../nbs/01_metrics.ipynb #d5ea3df6
 class Metric:
     "Base class: `reset()` per evaluation, `update(pred, target, weight=None)` per batch (no host sync), `compute()` once (returns a float)."
+
     name = "metric"
     states = None  # names of the attributes holding the accumulated state: distributed runs sum them over the ranks
-    def __init__(self): self.reset()
-    def reset(self): raise NotImplementedError
-    def update(self, pred, target, weight=None): raise NotImplementedError
-    def compute(self): raise NotImplementedError
-    def __repr__(self): return f"{type(self).__name__}(name={self.name!r})"
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        raise NotImplementedError
+
+    def update(self, pred, target, weight=None):
+        raise NotImplementedError
+
+    def compute(self):
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"{type(self).__name__}(name={self.name!r})"
 
 # %% ../nbs/01_metrics.ipynb #8a78a367
 def state_leaves(metric, saved=False):
@@ -37,64 +48,88 @@ def state_leaves(metric, saved=False):
     leaves = []
     for name in names:
         value = getattr(metric, name)
-        if getattr(value, 'states', None) is not None: leaves += state_leaves(value, saved)
-        else: leaves.append((metric, name))
+        if getattr(value, 'states', None) is not None:
+            leaves += state_leaves(value, saved)
+        else:
+            leaves.append((metric, name))
     return leaves
+
 
 def metric_name(m):
     "The name a metric is recorded under: its `name`, or its class name in lower case."
     return getattr(m, 'name', None) or type(m).__name__.lower()
 
+
 def as_float(v):
     "A one-element tensor as a Python number; anything else (a confusion matrix, a float) as it is."
     return v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v
 
+
 def computed(metric):
     "`metric.compute()` as a number; an error in it says which metric raised, not only what."
-    try: return as_float(metric.compute())
+    try:
+        return as_float(metric.compute())
     except Exception as e:
         raise RuntimeError(f'metric {metric_name(metric)!r} failed in compute(): {type(e).__name__}: {e}') from e
+
 
 def _sum_dtype(device):
     "float64 for exact sums; MPS has no float64"
     return torch.float32 if torch.device(device).type == "mps" else torch.float64
 
+
 def _check_weight(weight, n, device):
     "`weight` as a float (n,) tensor on `device`; a wrong shape raises (shapes only: no sync)."
     weight = torch.as_tensor(weight).detach()
     if weight.ndim != 1 or weight.shape[0] != n:
-        raise ValueError(f"weight must have one value per example: the batch has {n} examples, "
-                         f"but weight has shape {tuple(weight.shape)} ({weight.numel()} values)")
+        raise ValueError(
+            f"weight must have one value per example: the batch has {n} examples, "
+            f"but weight has shape {tuple(weight.shape)} ({weight.numel()} values)"
+        )
     return weight.to(device=device, dtype=_sum_dtype(device))
+
 
 IGNORE_INDEX = -100  # the label torch's cross_entropy and Hugging Face models leave out of losses and metrics
 
+
 def class_dim(pred, target):
     "Where the classes are in `pred` for integer `target`: 1 (torch's `(N, C, d1, ...)`), -1 (`(N, d1, ..., C)`, Hugging Face's), or None."
-    if pred.ndim != target.ndim + 1: return None
+    if pred.ndim != target.ndim + 1:
+        return None
     first = pred.shape[0] == target.shape[0] and pred.shape[2:] == target.shape[1:]
     last = pred.shape[:-1] == target.shape
-    if pred.ndim == 2: return 1 if first else None  # (N, C): both readings are the same
+    if pred.ndim == 2:
+        return 1 if first else None  # (N, C): both readings are the same
     return 1 if first and not last else -1 if last and not first else None  # both: tokens == classes, can't tell
+
 
 def is_token_target(pred, target):
     "Integer labels per position (tokens, pixels) for a prediction with a class dimension: a loss over them is a token mean."
-    return (torch.is_tensor(target) and not target.is_floating_point() and target.ndim >= 2
-            and torch.is_tensor(pred) and class_dim(pred, target) is not None)
+    return (
+        torch.is_tensor(target)
+        and not target.is_floating_point()
+        and target.ndim >= 2
+        and torch.is_tensor(pred)
+        and class_dim(pred, target) is not None
+    )
+
 
 def is_multilabel(pred, target):
     "Multi-hot targets: one column per label (more than one), the shape of the predictions."
     return torch.is_tensor(target) and pred.ndim == 2 and pred.shape[1] > 1 and target.shape == pred.shape
 
+
 def class_targets(metric, pred, target):
     "With `metric.soft_targets` (a cross-entropy loss): (N, C) class probabilities (label smoothing, mixup) as their argmax."
     return target.argmax(1) if getattr(metric, 'soft_targets', False) and is_multilabel(pred, target) else target
+
 
 def class_scores(pred, target, weight=None, pivot=0.0):
     "Flatten any supported layout to (M, C) scores, (M,) int64 targets and (M,) weights (None if `weight` is None)."
     pred = pred.detach()
     n = pred.shape[0] if pred.ndim else 1  # examples
-    if weight is not None: weight = _check_weight(weight, n, pred.device)
+    if weight is not None:
+        weight = _check_weight(weight, n, pred.device)
     if pred.ndim == 1 or (pred.ndim == 2 and pred.shape[1] == 1):  # one binary logit (pivot 0) or probability (0.5)
         logit = pred.reshape(-1)
         pred = torch.stack([torch.full_like(logit, pivot), logit], dim=1)
@@ -111,18 +146,22 @@ def class_scores(pred, target, weight=None, pivot=0.0):
     target = target.reshape(-1).long()
     if pred.shape[0] != target.shape[0]:  # shapes only: no sync
         raise ValueError(f"pred gives {pred.shape[0]} predictions but target has {target.shape[0]} values")
-    if weight is not None: weight = weight.reshape(-1)
+    if weight is not None:
+        weight = weight.reshape(-1)
     return pred, target, weight
 
 # %% ../nbs/01_metrics.ipynb #44c93645
 class Mean(Metric):
     "Weighted mean of scalar values (0-d tensors or floats); `weight` is a Python number such as the batch size, or a 0-d tensor."
+
     states = ("total", "weight")
+
     def __init__(self, name="mean", track_nonfinite=False):
         self.name, self.track_nonfinite = name, track_nonfinite
         super().__init__()
 
-    def reset(self): self.total, self.weight, self.updates, self.finite_updates = None, 0, 0, 0
+    def reset(self):
+        self.total, self.weight, self.updates, self.finite_updates = None, 0, 0, 0
 
     def _note_nonfinite(self):
         "With `track_nonfinite`: count, on the device, the updates after which the sum is still finite."
@@ -148,38 +187,47 @@ class Mean(Metric):
         self._init_total(value.device if torch.is_tensor(value) else "cpu")
         value = value.detach() if torch.is_tensor(value) else torch.tensor(value, device=self.total.device)
         if torch.is_tensor(weight):  # a 0-d device tensor: summed on the device
-            if weight.ndim != 0: raise ValueError(f"Mean's weight must be a number or a 0-d tensor, got shape {tuple(weight.shape)}")
+            if weight.ndim != 0:
+                raise ValueError(f"Mean's weight must be a number or a 0-d tensor, got shape {tuple(weight.shape)}")
             weight = weight.detach().to(device=self.total.device, dtype=self.total.dtype)
             value = value.to(self.total.dtype)
             self._add(torch.where(weight != 0, value * weight, 0), weight)  # weight 0: nothing, even from a nan mean
         else:
             self.total.add_(value, alpha=weight)  # one kernel: promotes to the sum's dtype
             self.weight += weight
-        if self.track_nonfinite: self._note_nonfinite()
+        if self.track_nonfinite:
+            self._note_nonfinite()
 
     def compute(self):
-        if self.total is None: return math.nan
+        if self.total is None:
+            return math.nan
         weight = float(self.weight)  # the one sync (if the weight is a tensor)
         return float(self.total) / weight if weight else math.nan
 
 # %% ../nbs/01_metrics.ipynb #30878c54
 def example_losses(loss_func, preds, targets):
     "One loss per example: `loss_func(..., reduction='none')`, or one call per example if it takes no `reduction`."
-    try: losses = loss_func(preds, targets, reduction='none')  # differentiable: padded training uses it too
-    except TypeError: losses = None
+    try:
+        losses = loss_func(preds, targets, reduction='none')  # differentiable: padded training uses it too
+    except TypeError:
+        losses = None
     if losses is None or losses.ndim == 0 or losses.shape[0] != len(preds):  # no per-example reduction to be had
         losses = torch.stack([loss_func(p[None], t[None]) for p, t in zip(preds, targets)])
     return losses.reshape(len(preds), -1).mean(1)
 
+
 class Loss(Mean):
     "Example-weighted mean of `loss_func(pred, target)` over an evaluation; with `weight`, the weighted mean of per-example losses."
+
     def __init__(self, loss_func=F.cross_entropy, name="loss"):
         self.loss_func = loss_func
         super().__init__(name)
 
     def update(self, pred, target, weight=None):
-        if is_token_target(pred, target): return self._update_tokens(pred.detach(), target, weight)
-        if weight is None: return super().update(self.loss_func(pred, target).detach(), len(target))  # the fast path
+        if is_token_target(pred, target):
+            return self._update_tokens(pred.detach(), target, weight)
+        if weight is None:
+            return super().update(self.loss_func(pred, target).detach(), len(target))  # the fast path
         losses = example_losses(self.loss_func, pred, target).detach()
         self._init_total(losses.device)
         weight = _check_weight(weight, losses.shape[0], self.total.device)
@@ -189,86 +237,116 @@ class Loss(Mean):
 
     def _update_tokens(self, pred, target, weight):
         "A mean over tokens: each batch weighs its non-ignored tokens, so the result is the mean over all of them."
-        if class_dim(pred, target) == -1: pred = pred.movedim(-1, 1)  # torch's losses take the classes in dim 1
+        if class_dim(pred, target) == -1:
+            pred = pred.movedim(-1, 1)  # torch's losses take the classes in dim 1
         tokens = (target != IGNORE_INDEX).reshape(target.shape[0], -1)
-        if weight is None: return super().update(self.loss_func(pred, target).detach(), tokens.sum())
+        if weight is None:
+            return super().update(self.loss_func(pred, target).detach(), tokens.sum())
         weight = _check_weight(weight, target.shape[0], pred.device)
         self._init_total(pred.device)
         losses = self.loss_func(pred, target, reduction='none').detach().reshape(target.shape[0], -1)
         losses = losses.to(self.total.dtype).sum(1)
         self._add(torch.where(weight != 0, losses * weight, 0).sum(), (tokens.sum(1) * weight).sum())
 
+
 class Perplexity(Loss):
     "`exp` of the mean cross-entropy."
+
     family = "perplexity"
-    def __init__(self, loss_func=F.cross_entropy, name="perplexity"): super().__init__(loss_func, name)
+
+    def __init__(self, loss_func=F.cross_entropy, name="perplexity"):
+        super().__init__(loss_func, name)
 
     def compute(self):
-        try: return math.exp(super().compute())
-        except OverflowError: return math.inf
+        try:
+            return math.exp(super().compute())
+        except OverflowError:
+            return math.inf
 
 # %% ../nbs/01_metrics.ipynb #20b2c5f2
 def label_decisions(pred, target, weight, threshold):
     "Multi-label (N, L): predicted and true labels as bools, and the weights as a float (N,) tensor or None."
     pred = pred.detach()
-    if weight is not None: weight = _check_weight(weight, pred.shape[0], pred.device)
+    if weight is not None:
+        weight = _check_weight(weight, pred.shape[0], pred.device)
     return pred > threshold, target > 0.5, weight
+
 
 class Accuracy(Metric):
     "Fraction of examples whose argmax prediction equals the target; multi-label: of labels right (1 - Hamming loss)."
+
     name = family = "accuracy"  # family: the built-in name, which `describe_task` lists for the tasks it fits
     states = ("hits", "total")
     threshold = 0.0  # a binary or multi-label output is positive above it: 0 for logits, 0.5 for probabilities
-    def reset(self): self.hits, self.total = None, 0
 
-    def _is_hit(self, scores, target): return scores.argmax(dim=1) == target
-    def _labels_hit(self, predicted, truth): return predicted == truth  # per label
+    def reset(self):
+        self.hits, self.total = None, 0
+
+    def _is_hit(self, scores, target):
+        return scores.argmax(dim=1) == target
+
+    def _labels_hit(self, predicted, truth):
+        return predicted == truth  # per label
 
     def update(self, pred, target, weight=None):
         target = class_targets(self, pred, target)
         if is_multilabel(pred, target):
             predicted, truth, weight = label_decisions(pred, target, weight, self.threshold)
             hit = self._labels_hit(predicted, truth)
-            if weight is not None: weight = weight[:, None].expand_as(hit).reshape(-1)
+            if weight is not None:
+                weight = weight[:, None].expand_as(hit).reshape(-1)
             hit = hit.reshape(-1)
         else:
             scores, target, weight = class_scores(pred, target, weight, self.threshold)
             hit = self._is_hit(scores, target)
-        if self.hits is None: self.hits = torch.zeros((), dtype=torch.int64, device=hit.device)
+        if self.hits is None:
+            self.hits = torch.zeros((), dtype=torch.int64, device=hit.device)
         if weight is None:
             self.hits += hit.sum()
             self.total = self.total + hit.shape[0]
         else:  # weighted hits and total: float tensors on the device
-            if not self.hits.is_floating_point(): self.hits = self.hits.to(weight.dtype)
+            if not self.hits.is_floating_point():
+                self.hits = self.hits.to(weight.dtype)
             self.hits += torch.where(hit, weight, 0).sum()
             self.total = self.total + weight.sum()
 
     def compute(self):
-        if self.hits is None: return math.nan
+        if self.hits is None:
+            return math.nan
         total = float(self.total)
         return float(self.hits) / total if total else math.nan
 
+
 class ExactMatch(Accuracy):
     "Multi-label: the fraction of examples with every label right (scikit-learn's `accuracy_score`)."
+
     name = family = "exact_match"
-    def _labels_hit(self, predicted, truth): return (predicted == truth).all(dim=1, keepdim=True)
+
+    def _labels_hit(self, predicted, truth):
+        return (predicted == truth).all(dim=1, keepdim=True)
 
     def update(self, pred, target, weight=None):
         if not is_multilabel(pred, target):
-            raise ValueError(f"exact_match is for multi-label targets, one column per label as the predictions "
-                             f"{tuple(pred.shape)}; these targets have shape {tuple(target.shape)}: use accuracy")
+            raise ValueError(
+                f"exact_match is for multi-label targets, one column per label as the predictions "
+                f"{tuple(pred.shape)}; these targets have shape {tuple(target.shape)}: use accuracy"
+            )
         super().update(pred, target, weight)
+
 
 class TopKAccuracy(Accuracy):
     "Fraction of examples whose target is among the `k` highest scores."
+
     def __init__(self, k=5):
         self.k, self.name, self.family = k, f"top_{k}_accuracy", "top_k_accuracy"
         super().__init__()
 
     def update(self, pred, target, weight=None):
         if is_multilabel(pred, target):
-            raise ValueError(f"{self.name} ranks classes, but these targets are multi-label (shape {tuple(target.shape)}, "
-                             "one column per label): use accuracy, f1 or exact_match")
+            raise ValueError(
+                f"{self.name} ranks classes, but these targets are multi-label (shape {tuple(target.shape)}, "
+                "one column per label): use accuracy, f1 or exact_match"
+            )
         super().update(pred, target, weight)
 
     def _is_hit(self, scores, target):
@@ -278,10 +356,13 @@ class TopKAccuracy(Accuracy):
 # %% ../nbs/01_metrics.ipynb #b55091ae
 class ConfusionMatrix(Metric):
     "C x C counts (int64; float once weighted), rows = target, cols = prediction; multi-label: L x 2 x 2, one per label."
+
     name = "confusion_matrix"
     states = ("counts",)
     threshold = 0.0  # a binary or multi-label output is positive above it: 0 for logits, 0.5 for probabilities
-    def reset(self): self.counts = None
+
+    def reset(self):
+        self.counts = None
 
     def _cells(self, pred, target, weight):
         "One flat cell index per counted pair, its weights, and the shape of the counts."
@@ -290,7 +371,8 @@ class ConfusionMatrix(Metric):
             predicted, truth, weight = label_decisions(pred, target, weight, self.threshold)
             labels = torch.arange(pred.shape[1], device=pred.device)
             cells = labels * 4 + truth.long() * 2 + predicted.long()
-            if weight is not None: weight = weight[:, None].expand_as(cells).reshape(-1)
+            if weight is not None:
+                weight = weight[:, None].expand_as(cells).reshape(-1)
             return cells.reshape(-1), weight, (pred.shape[1], 2, 2)
         scores, target, weight = class_scores(pred, target, weight, self.threshold)
         n = scores.shape[1]
@@ -298,52 +380,71 @@ class ConfusionMatrix(Metric):
 
     def update(self, pred, target, weight=None):
         pairs, weight, shape = self._cells(pred, target, weight)
-        if self.counts is None: self.counts = torch.zeros(shape, dtype=torch.int64, device=pairs.device)
+        if self.counts is None:
+            self.counts = torch.zeros(shape, dtype=torch.int64, device=pairs.device)
         elif shape != self.counts.shape:
             kind = lambda shape: f"{shape[0]} {'labels' if len(shape) == 3 else 'classes'}"
-            raise ValueError(f"This evaluation started with {kind(self.counts.shape)}, but this batch has {kind(shape)}")
-        if weight is None: source = torch.ones_like(pairs, dtype=self.counts.dtype)
+            raise ValueError(
+                f"This evaluation started with {kind(self.counts.shape)}, but this batch has {kind(shape)}"
+            )
+        if weight is None:
+            source = torch.ones_like(pairs, dtype=self.counts.dtype)
         else:
-            if not self.counts.is_floating_point(): self.counts = self.counts.to(weight.dtype)  # from the first weighted update on
+            if not self.counts.is_floating_point():
+                self.counts = self.counts.to(weight.dtype)  # from the first weighted update on
             source = weight
             pairs = torch.where(weight != 0, pairs, 0)  # padding adds 0, even with a junk target such as -100
         # index_add_, not bincount: on CUDA bincount reads the max on the host to size its output (a sync)
         self.counts.view(-1).index_add_(0, pairs, source)
 
     def compute(self):
-        if self.counts is None: return torch.zeros(0, 0, dtype=torch.int64)
+        if self.counts is None:
+            return torch.zeros(0, 0, dtype=torch.int64)
         return self.counts.cpu()
 
     @property
-    def multilabel(self): return self.counts is not None and self.counts.ndim == 3
+    def multilabel(self):
+        return self.counts is not None and self.counts.ndim == 3
 
 # %% ../nbs/01_metrics.ipynb #211ffb35
 def safe_ratio(num, den):
     "num / den, and 0 where den == 0 (there num == 0 too), like sklearn's zero_division=0"
     return num / den.clamp(min=1)
 
+
 class _FromConfusion(Metric):
     "Base for scores computed from a confusion matrix at `compute()` time."
+
     states = ("confusion",)
+
     def __init__(self):
         self.confusion = ConfusionMatrix()
         super().__init__()
 
-    threshold = property(lambda self: self.confusion.threshold,
-                         lambda self, value: setattr(self.confusion, 'threshold', value))
-    soft_targets = property(lambda self: getattr(self.confusion, 'soft_targets', False),
-                            lambda self, value: setattr(self.confusion, 'soft_targets', value))
+    threshold = property(
+        lambda self: self.confusion.threshold, lambda self, value: setattr(self.confusion, 'threshold', value)
+    )
+    soft_targets = property(
+        lambda self: getattr(self.confusion, 'soft_targets', False),
+        lambda self, value: setattr(self.confusion, 'soft_targets', value),
+    )
 
-    def reset(self): self.confusion.reset()
-    def update(self, pred, target, weight=None): self.confusion.update(pred, target, weight)
+    def reset(self):
+        self.confusion.reset()
+
+    def update(self, pred, target, weight=None):
+        self.confusion.update(pred, target, weight)
 
     def compute(self):
         counts = self.confusion.compute().double()
         return self._score(counts) if counts.sum() > 0 else math.nan
 
+
 class _Averaged(_FromConfusion):
     "A per-class score, macro- or support-weighted-averaged."
+
     kind = None  # set by subclasses: "precision", "recall", "f1"
+
     def __init__(self, average="macro"):
         if average not in ("macro", "weighted"):
             raise ValueError(f"average must be 'macro' or 'weighted', got {average!r}")
@@ -358,33 +459,49 @@ class _Averaged(_FromConfusion):
             tp, support, predicted = counts.diag(), counts.sum(dim=1), counts.sum(dim=0)
             seen = (support + predicted) > 0  # sklearn's labels=None: classes in targets or predictions
         per_class = self._per_class(tp, support, predicted)
-        if self.average == "weighted": return float((per_class * support).sum() / support.sum())
+        if self.average == "weighted":
+            return float((per_class * support).sum() / support.sum())
         return float(per_class[seen].mean())
 
 # %% ../nbs/01_metrics.ipynb #7126accb
 class Precision(_Averaged):
     "Of the examples predicted as a class, the fraction that belong to it."
+
     kind = "precision"
-    def _per_class(self, tp, support, predicted): return safe_ratio(tp, predicted)
+
+    def _per_class(self, tp, support, predicted):
+        return safe_ratio(tp, predicted)
+
 
 class Recall(_Averaged):
     "Of the examples of a class, the fraction predicted as it."
+
     kind = "recall"
-    def _per_class(self, tp, support, predicted): return safe_ratio(tp, support)
+
+    def _per_class(self, tp, support, predicted):
+        return safe_ratio(tp, support)
+
 
 class F1(_Averaged):
     "Harmonic mean of precision and recall, per class: 2*tp / (support + predicted)."
+
     kind = "f1"
-    def _per_class(self, tp, support, predicted): return safe_ratio(2 * tp, support + predicted)
+
+    def _per_class(self, tp, support, predicted):
+        return safe_ratio(2 * tp, support + predicted)
 
 # %% ../nbs/01_metrics.ipynb #7f52aeb0
 class MCC(_FromConfusion):
     "Multiclass Matthews correlation coefficient."
+
     name = family = "mcc"
+
     def update(self, pred, target, weight=None):
         if is_multilabel(pred, class_targets(self, pred, target)):
-            raise ValueError(f"mcc is for single-label classes, but these targets are multi-label (shape "
-                             f"{tuple(target.shape)}): use accuracy, f1 or exact_match")
+            raise ValueError(
+                f"mcc is for single-label classes, but these targets are multi-label (shape "
+                f"{tuple(target.shape)}): use accuracy, f1 or exact_match"
+            )
         super().update(pred, target, weight)
 
     def _score(self, counts):
@@ -392,22 +509,29 @@ class MCC(_FromConfusion):
         cov_true_pred = counts.trace() * n - true @ predicted
         cov_pred = n * n - predicted @ predicted
         cov_true = n * n - true @ true
-        if cov_pred * cov_true == 0: return 0.0
+        if cov_pred * cov_true == 0:
+            return 0.0
         return float(cov_true_pred / (cov_true * cov_pred).sqrt())
 
 # %% ../nbs/01_metrics.ipynb #c716c5a9
 class _Regression(Metric):
     "Weighted sums per output: weight, |error|, error^2, target, target^2; `compute()` averages the outputs' scores."
+
     states = ("sums",)
-    def reset(self): self.sums = None
+
+    def reset(self):
+        self.sums = None
 
     def update(self, pred, target, weight=None):
         pred, target = pred.detach(), target.detach()
         if pred.shape != target.shape:
-            if pred.ndim == target.ndim + 1 and pred.shape[-1] == 1 and pred.shape[:-1] == target.shape: pred = pred[..., 0]
+            if pred.ndim == target.ndim + 1 and pred.shape[-1] == 1 and pred.shape[:-1] == target.shape:
+                pred = pred[..., 0]
             else:
-                raise ValueError(f"{self.name} compares predictions and targets example by example, but they have shapes "
-                                 f"{tuple(pred.shape)} and {tuple(target.shape)}")
+                raise ValueError(
+                    f"{self.name} compares predictions and targets example by example, but they have shapes "
+                    f"{tuple(pred.shape)} and {tuple(target.shape)}"
+                )
         n, dtype = pred.shape[0] if pred.ndim else 1, _sum_dtype(pred.device)
         pred, target = pred.reshape(n, -1).to(dtype), target.reshape(n, -1).to(dtype)
         w = torch.ones(n, dtype=dtype, device=pred.device) if weight is None else _check_weight(weight, n, pred.device)
@@ -415,33 +539,52 @@ class _Regression(Metric):
         error = pred - target
         terms = torch.stack([w, w * error.abs(), w * error**2, w * target, w * target**2])
         batch = torch.where(w != 0, terms, 0).sum(1)  # (5, outputs); padding adds 0, even with nan targets
-        if self.sums is None: self.sums = batch
-        else: self.sums += batch
+        if self.sums is None:
+            self.sums = batch
+        else:
+            self.sums += batch
 
     def compute(self):
-        if self.sums is None: return math.nan
+        if self.sums is None:
+            return math.nan
         weight, abs_error, sq_error, y, y2 = self.sums.cpu().double()
-        if not (weight > 0).all(): return math.nan
+        if not (weight > 0).all():
+            return math.nan
         return float(self._score(weight, abs_error, sq_error, y, y2).mean())
+
 
 class MAE(_Regression):
     "Mean absolute error."
+
     name = family = "mae"
-    def _score(self, w, abs_error, sq_error, y, y2): return abs_error / w
+
+    def _score(self, w, abs_error, sq_error, y, y2):
+        return abs_error / w
+
 
 class MSE(_Regression):
     "Mean squared error."
+
     name = family = "mse"
-    def _score(self, w, abs_error, sq_error, y, y2): return sq_error / w
+
+    def _score(self, w, abs_error, sq_error, y, y2):
+        return sq_error / w
+
 
 class RMSE(_Regression):
     "Root mean squared error (per output, then averaged, as scikit-learn)."
+
     name = family = "rmse"
-    def _score(self, w, abs_error, sq_error, y, y2): return (sq_error / w).sqrt()
+
+    def _score(self, w, abs_error, sq_error, y, y2):
+        return (sq_error / w).sqrt()
+
 
 class R2(_Regression):
     "Coefficient of determination, 1 - SSE / SST (per output, then averaged, as scikit-learn)."
+
     name = family = "r2"
+
     def _score(self, w, abs_error, sq_error, y, y2):
         total = (y2 - y * y / w).clamp(min=0)
         constant = total <= 1e-12 * y2.abs().clamp(min=1)  # a constant target: sklearn's force_finite rule
@@ -451,6 +594,7 @@ class R2(_Regression):
 CLASS_METRICS = ("accuracy", "top_k_accuracy", "f1", "precision", "recall", "mcc", "perplexity")
 MULTILABEL_METRICS = ("accuracy", "exact_match", "f1", "precision", "recall")
 REGRESSION_METRICS = ("mae", "mse", "rmse", "r2")
+
 
 def describe_task(pred, target):
     "What kind of task `pred` and `target` look like, in words, and the built-in metrics that fit it."
@@ -472,62 +616,92 @@ def describe_task(pred, target):
 # %% ../nbs/01_metrics.ipynb #0eecd3a2
 class FunctionMetric(Metric):
     "`fn(preds, targets) -> number`, computed once per evaluation over all of its predictions, gathered on the device."
+
     gathered = ("preds", "targets", "weights")  # distributed runs concatenate these over the ranks
 
     def __init__(self, fn, name=None):
-        if not callable(fn): raise TypeError(f"FunctionMetric needs a function f(preds, targets), got {fn!r}")
+        if not callable(fn):
+            raise TypeError(f"FunctionMetric needs a function f(preds, targets), got {fn!r}")
         self.fn, self.name = fn, name or getattr(fn, "__name__", type(fn).__name__)
         super().__init__()
 
-    def reset(self): self.preds, self.targets, self.weights = [], [], []
+    def reset(self):
+        self.preds, self.targets, self.weights = [], [], []
 
     def update(self, pred, target, weight=None):
         n = pred.shape[0] if pred.ndim else 1
         self.preds.append(pred.detach())
         self.targets.append(target.detach())
-        self.weights.append(torch.ones(n, device=pred.device) if weight is None else _check_weight(weight, n, pred.device))
+        self.weights.append(
+            torch.ones(n, device=pred.device) if weight is None else _check_weight(weight, n, pred.device)
+        )
 
     def compute(self):
-        if not self.preds: return math.nan
-        preds, targets, weights = (torch.cat(v).cpu() for v in (self.preds, self.targets, self.weights))  # the one transfer
+        if not self.preds:
+            return math.nan
+        preds, targets, weights = (
+            torch.cat(v).cpu() for v in (self.preds, self.targets, self.weights)
+        )  # the one transfer
         keep = weights != 0  # padding is not a prediction
         preds = preds[keep].float() if preds.is_floating_point() else preds[keep]
         return as_float(self.fn(preds, targets[keep]))
 
 # %% ../nbs/01_metrics.ipynb #973fa8f4
 _METRICS = {
-    "accuracy": Accuracy, "top_k_accuracy": TopKAccuracy, "mcc": MCC, "perplexity": Perplexity, "exact_match": ExactMatch,
-    "mae": MAE, "mse": MSE, "rmse": RMSE, "r2": R2,
-    "precision": Precision, "recall": Recall, "f1": F1,
-    **{f"{cls.kind}_{avg}": (lambda cls=cls, avg=avg: cls(avg))
-       for cls in (Precision, Recall, F1) for avg in ("macro", "weighted")},
+    "accuracy": Accuracy,
+    "top_k_accuracy": TopKAccuracy,
+    "mcc": MCC,
+    "perplexity": Perplexity,
+    "exact_match": ExactMatch,
+    "mae": MAE,
+    "mse": MSE,
+    "rmse": RMSE,
+    "r2": R2,
+    "precision": Precision,
+    "recall": Recall,
+    "f1": F1,
+    **{
+        f"{cls.kind}_{avg}": (lambda cls=cls, avg=avg: cls(avg))
+        for cls in (Precision, Recall, F1)
+        for avg in ("macro", "weighted")
+    },
 }
+
 
 def _builtin_metric(spec, loss_func):
     "A fresh built-in metric for a name or a `Metric` class; None for anything else."
     if isinstance(spec, str):
-        if spec == "loss": return Loss(loss_func or F.cross_entropy)
-        if (k := re.fullmatch(r"top_(\d+)_accuracy", spec)): return TopKAccuracy(int(k.group(1)))
+        if spec == "loss":
+            return Loss(loss_func or F.cross_entropy)
+        if k := re.fullmatch(r"top_(\d+)_accuracy", spec):
+            return TopKAccuracy(int(k.group(1)))
         if spec not in _METRICS:
-            raise ValueError(f"Unknown metric {spec!r}. Valid names: {', '.join(sorted([*_METRICS, 'loss']))}, "
-                             "or top_<k>_accuracy")
+            raise ValueError(
+                f"Unknown metric {spec!r}. Valid names: {', '.join(sorted([*_METRICS, 'loss']))}, or top_<k>_accuracy"
+            )
         return _METRICS[spec]()
-    if isinstance(spec, type) and issubclass(spec, Metric): return spec()
+    if isinstance(spec, type) and issubclass(spec, Metric):
+        return spec()
     return None
+
 
 def _is_metric_like(obj):
     return not isinstance(obj, type) and all(callable(getattr(obj, m, None)) for m in ("update", "compute", "reset"))
+
 
 def takes_class_probabilities(loss_func):
     "A cross-entropy loss: targets of the predictions' shape are class probabilities (label smoothing, mixup), not labels."
     return loss_func is F.cross_entropy or isinstance(loss_func, torch.nn.CrossEntropyLoss)
 
+
 def takes_probabilities(loss_func):
     "A loss of probabilities (`BCELoss`), whose binary and multi-label outputs are positive above 0.5, not 0."
     return loss_func is F.binary_cross_entropy or isinstance(loss_func, torch.nn.BCELoss)
 
+
 _TASK_PREFIX = re.compile(r"^(Binary|Multiclass|Multilabel)(?=[A-Z])")
 _PLAIN = ("accuracy", "top_{k}_accuracy")  # averaged over all examples ('micro'), they are the plain fraction right
+
 
 def described_name(metric):
     "A name that says what another library's metric computes: `MulticlassAccuracy(average='macro')` → `accuracy_macro`."
@@ -535,70 +709,117 @@ def described_name(metric):
     name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", kind).lower()
     name = re.sub(r"_score$", "", name)  # F1Score: f1, as the built-in
     k = getattr(metric, "top_k", None)
-    if isinstance(k, int) and k > 1: name = f"top_{k}_{name}"
-    if not hasattr(metric, "average"): return name
+    if isinstance(k, int) and k > 1:
+        name = f"top_{k}_{name}"
+    if not hasattr(metric, "average"):
+        return name
     average = metric.average
-    if average in (None, "none"): return f"{name}_per_class"
+    if average in (None, "none"):
+        return f"{name}_per_class"
     plain = average == "micro" and re.sub(r"top_\d+_", "top_{k}_", name) in _PLAIN
     return name if plain else f"{name}_{average}"
+
 
 def get_metric(spec, loss_func=None):
     "A metric from a name or a class (a fresh instance), a metric-like object (as is) or a function (a `FunctionMetric`)."
     metric = _builtin_metric(spec, loss_func)
     if metric is not None:
-        if takes_probabilities(loss_func) and hasattr(metric, 'threshold'): metric.threshold = 0.5
-        if hasattr(metric, 'threshold') and takes_class_probabilities(loss_func): metric.soft_targets = True
+        if takes_probabilities(loss_func) and hasattr(metric, 'threshold'):
+            metric.threshold = 0.5
+        if hasattr(metric, 'threshold') and takes_class_probabilities(loss_func):
+            metric.soft_targets = True
         return metric
     if isinstance(spec, type) and all(callable(getattr(spec, m, None)) for m in ("update", "compute", "reset")):
         spec = spec()  # another library's metric class, e.g. torchmetrics.MeanSquaredError: a fresh instance
     if _is_metric_like(spec):
         if not getattr(spec, "name", None):
-            try: spec.name = described_name(spec)
-            except (AttributeError, TypeError): pass  # read-only or __slots__: keep it nameless
+            try:
+                spec.name = described_name(spec)
+            except (AttributeError, TypeError):
+                pass  # read-only or __slots__: keep it nameless
         return spec
-    if callable(spec) and not isinstance(spec, type): return FunctionMetric(spec)
-    raise TypeError(f"Expected a metric name, a metric, or a function f(preds, targets), got {spec!r} ({type(spec).__name__})")
+    if callable(spec) and not isinstance(spec, type):
+        return FunctionMetric(spec)
+    raise TypeError(
+        f"Expected a metric name, a metric, or a function f(preds, targets), got {spec!r} ({type(spec).__name__})"
+    )
 
 # %% ../nbs/01_metrics.ipynb #6dfe6ecb
-RESERVED_COLUMNS = ('epoch', 'batch', 'step', 'lr', 'lrs', 'loss', 'train_loss', 'valid_loss', 'grad_norm',
-                    'skipped_steps', 'time')
+RESERVED_COLUMNS = (
+    'epoch',
+    'batch',
+    'step',
+    'lr',
+    'lrs',
+    'loss',
+    'train_loss',
+    'valid_loss',
+    'grad_norm',
+    'skipped_steps',
+    'time',
+)
 REGRESSION_LOSSES = (F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss)
-ELEMENTWISE_LOSSES = (*REGRESSION_LOSSES, F.binary_cross_entropy, F.binary_cross_entropy_with_logits)  # pred and target alike
+ELEMENTWISE_LOSSES = (
+    *REGRESSION_LOSSES,
+    F.binary_cross_entropy,
+    F.binary_cross_entropy_with_logits,
+)  # pred and target alike
 CLASS_INDEX_LOSSES = (F.cross_entropy, F.nll_loss)  # targets: one class index per example (or token), int64
-_LOSS_MODULES = {F.mse_loss: torch.nn.MSELoss, F.l1_loss: torch.nn.L1Loss, F.smooth_l1_loss: torch.nn.SmoothL1Loss,
-                 F.huber_loss: torch.nn.HuberLoss, F.binary_cross_entropy: torch.nn.BCELoss,
-                 F.binary_cross_entropy_with_logits: torch.nn.BCEWithLogitsLoss, F.cross_entropy: torch.nn.CrossEntropyLoss,
-                 F.nll_loss: torch.nn.NLLLoss}
+_LOSS_MODULES = {
+    F.mse_loss: torch.nn.MSELoss,
+    F.l1_loss: torch.nn.L1Loss,
+    F.smooth_l1_loss: torch.nn.SmoothL1Loss,
+    F.huber_loss: torch.nn.HuberLoss,
+    F.binary_cross_entropy: torch.nn.BCELoss,
+    F.binary_cross_entropy_with_logits: torch.nn.BCEWithLogitsLoss,
+    F.cross_entropy: torch.nn.CrossEntropyLoss,
+    F.nll_loss: torch.nn.NLLLoss,
+}
+
 
 def is_loss_of(loss, kinds):
     "Is `loss` one of the loss functions `kinds`, or an instance of their `nn` module (`F.mse_loss`: `nn.MSELoss()`)?"
     return any(loss is f for f in kinds) or isinstance(loss, tuple(_LOSS_MODULES[f] for f in kinds))
 
+
 def loss_name(loss):
     "A loss's name for messages: `cross_entropy`, `MSELoss`, a function's name."
     return getattr(loss, '__name__', type(loss).__name__)
 
+
 def default_metrics(loss_func):
     "Accuracy for a classification loss; none for a regression loss, which accuracy would only misdescribe."
     if is_loss_of(loss_func, REGRESSION_LOSSES):
-        warnings.warn(f'{loss_name(loss_func)} is a regression loss: no default '
-                      'metrics (accuracy would mean nothing); pass metrics= to choose some', stacklevel=3)
+        warnings.warn(
+            f'{loss_name(loss_func)} is a regression loss: no default '
+            'metrics (accuracy would mean nothing); pass metrics= to choose some',
+            stacklevel=3,
+        )
         return ()
     return ('accuracy',)
 
+
 def make_metrics(metrics, loss_func=None, device='cpu', prefix=''):
     "Metric objects for `metrics` on `device`; the loss is always recorded; no name may collide with another column."
-    if isinstance(metrics, str) or not hasattr(metrics, '__iter__'): metrics = [metrics]
+    if isinstance(metrics, str) or not hasattr(metrics, '__iter__'):
+        metrics = [metrics]
     made, names = [], set()
     for spec in metrics:
-        if isinstance(spec, str) and spec == 'loss': continue  # always recorded (and a torchmetrics `==` is no str's)
+        if isinstance(spec, str) and spec == 'loss':
+            continue  # always recorded (and a torchmetrics `==` is no str's)
         m = get_metric(spec, loss_func)
         name = prefix + metric_name(m)
         if name in RESERVED_COLUMNS or (name.startswith(('train_', 'subset_')) and not prefix) or name in names:
             taken = ', '.join(sorted({*RESERVED_COLUMNS, *names}))
-            raise ValueError(f'metric name {name!r} collides with another column of the history ' +
-                             ('(the loss is always recorded as train_loss and valid_loss)' if 'loss' in name else
-                              f'(taken: {taken}; train_ and subset_ are prefixes)') + ': give the metric another name')
+            raise ValueError(
+                f'metric name {name!r} collides with another column of the history '
+                + (
+                    '(the loss is always recorded as train_loss and valid_loss)'
+                    if 'loss' in name
+                    else f'(taken: {taken}; train_ and subset_ are prefixes)'
+                )
+                + ': give the metric another name'
+            )
         names.add(name)
         made.append(m.to(device) if isinstance(m, torch.nn.Module) else m)  # e.g. torchmetrics: its states
     return made

@@ -26,6 +26,7 @@ from .rng import rng_state, set_rng_state
 # %% ../nbs/00f_parts.ipynb #1c0aee42
 class FitProgress:
     "Where training is: epoch and optimizer step over the Learner's life, where the fit started, and the fit's plan."
+
     def __init__(self):
         self.run_id = uuid.uuid4().hex[:12]  # a run's identity: a checkpoint records it, a resume continues it
         self.parent, self.continuing = None, False  # a forked run's parent {'run': id, 'step': step}
@@ -39,40 +40,49 @@ class FitProgress:
 
     def start_fit(self):
         "A fit starts here: the steps and epochs it plans count from now (after a fork: from the forked fit's start)."
-        if self.continuing: self.continuing = False  # the fit a fork continues keeps its start, as a resume does
-        else: self.fit_start, self.last_eval_step = (self.epoch, self.step), self.step
+        if self.continuing:
+            self.continuing = False  # the fit a fork continues keeps its start, as a resume does
+        else:
+            self.fit_start, self.last_eval_step = (self.epoch, self.step), self.step
 
     def branch(self, step):
         "This run becomes a branch of itself at `step` (a fork): a new run id and its parent; the next fit continues."
         self.parent, self.run_id, self.continuing = {'run': self.run_id, 'step': step}, uuid.uuid4().hex[:12], True
 
-    def plan(self, epochs=None, steps=None, steps_per_epoch=None, eval_every=None, steps_per_pass=None,
-             eval_subset=None):
+    def plan(
+        self, epochs=None, steps=None, steps_per_epoch=None, eval_every=None, steps_per_pass=None, eval_subset=None
+    ):
         "The fit's plan; `steps_per_pass`: optimizer steps in one pass over the loader (None if it cannot tell)."
-        self.call = dict(epochs=epochs, steps=steps, steps_per_epoch=steps_per_epoch, eval_every=eval_every,
-                         eval_subset=eval_subset)
+        self.call = dict(
+            epochs=epochs, steps=steps, steps_per_epoch=steps_per_epoch, eval_every=eval_every, eval_subset=eval_subset
+        )
         self.n_epochs, self.eval_every, self.steps_per_epoch = epochs, eval_every, steps_per_epoch
         per_epoch = steps_per_epoch or steps_per_pass
         self.n_steps = steps or (epochs * per_epoch if per_epoch else None)
         self.end_epoch = self.fit_start[0] + epochs if epochs else math.inf
         self.end_step = self.fit_start[1] + steps if steps else math.inf
 
-    def more_epochs(self): return self.epoch < self.end_epoch and self.step < self.end_step
+    def more_epochs(self):
+        return self.epoch < self.end_epoch and self.step < self.end_step
 
     def check_left(self):
         "A fit continuing a fork's plan must have something left to train; else one error naming the call that does."
-        if self.more_epochs(): return
+        if self.more_epochs():
+            return
         self.continuing = True  # the fork still waits for the fit that continues it
         epochs, steps = self.call['epochs'], self.call['steps']
         done = self.step - self.fit_start[1] if steps else self.epoch - self.fit_start[0]
         asked, unit = (f'steps={steps}', 'step') if steps else (str(epochs), 'epoch')
         more = f'steps={steps + done}' if steps else str(epochs + done)
         start, end = (self.fit_start[1], self.end_step) if steps else (self.fit_start[0], self.end_epoch)
-        raise ValueError(f'fit({asked}) has nothing left to train: after a fork, a fit continues the forked fit, whose '
-                         f'{unit}s count from its start at {unit} {start} (as resume=True does), so this plan ends at '
-                         f'{unit} {end}, where the Learner is. fit({more}) trains {steps or epochs} more {unit}s')
+        raise ValueError(
+            f'fit({asked}) has nothing left to train: after a fork, a fit continues the forked fit, whose '
+            f'{unit}s count from its start at {unit} {start} (as resume=True does), so this plan ends at '
+            f'{unit} {end}, where the Learner is. fit({more}) trains {steps or epochs} more {unit}s'
+        )
 
-    def next_epoch(self): self.epoch, self.epoch_done = self.epoch + 1, False
+    def next_epoch(self):
+        self.epoch, self.epoch_done = self.epoch + 1, False
 
     def fit_ends_now(self):
         "Is this step the fit's last (by its steps, or the end of its last epoch)?"
@@ -83,14 +93,18 @@ class FitProgress:
     def after_last_epoch(self):
         "Evaluations after the epochs ran are labelled with the last one: the same state (that epoch, done) by another name."
         moved = self.epoch > self.fit_start[0] and not self.epoch_done
-        if moved: self.epoch, self.epoch_done = self.epoch - 1, True
-        try: yield
+        if moved:
+            self.epoch, self.epoch_done = self.epoch - 1, True
+        try:
+            yield
         finally:
-            if moved: self.epoch, self.epoch_done = self.epoch + 1, False
+            if moved:
+                self.epoch, self.epoch_done = self.epoch + 1, False
 
     def train_end_step(self):
         "The step this training phase ends at: the fit's last or, with `steps_per_epoch`, this epoch's (inf: none)."
-        if not self.steps_per_epoch: return self.end_step
+        if not self.steps_per_epoch:
+            return self.end_step
         return min(self.end_step, self.fit_start[1] + (self.epoch - self.fit_start[0] + 1) * self.steps_per_epoch)
 
     def eval_due(self):
@@ -98,8 +112,15 @@ class FitProgress:
         return bool(self.eval_every) and self.step % self.eval_every == 0 and self.step != self.last_eval_step
 
     def state_dict(self):
-        return {'run': self.run_id, 'parent': self.parent, 'epoch': self.epoch + self.epoch_done, 'step': self.step,
-                'fit_start': list(self.fit_start), 'last_eval_step': self.last_eval_step, 'call': self.call}
+        return {
+            'run': self.run_id,
+            'parent': self.parent,
+            'epoch': self.epoch + self.epoch_done,
+            'step': self.step,
+            'fit_start': list(self.fit_start),
+            'last_eval_step': self.last_eval_step,
+            'call': self.call,
+        }
 
     def load_state_dict(self, state):
         self.epoch, self.step, self.last_eval_step = state['epoch'], state['step'], state['last_eval_step']
@@ -110,7 +131,8 @@ class FitProgress:
 # %% ../nbs/00f_parts.ipynb #d3e8ca61
 def check_plan(epochs=None, steps=None, steps_per_epoch=None, eval_every=None):
     "Exactly one of `epochs` and `steps`, and each number given an int > 0: one clear error otherwise."
-    if (epochs is None) == (steps is None): raise ValueError('fit needs exactly one of epochs= or steps=')
+    if (epochs is None) == (steps is None):
+        raise ValueError('fit needs exactly one of epochs= or steps=')
     given = dict(epochs=epochs, steps=steps, steps_per_epoch=steps_per_epoch, eval_every=eval_every)
     for name, v in given.items():
         if v is not None and not (isinstance(v, int) and v > 0):
@@ -119,6 +141,7 @@ def check_plan(epochs=None, steps=None, steps_per_epoch=None, eval_every=None):
 # %% ../nbs/00f_parts.ipynb #45715eec
 class TrainPass:
     "The pass over the training loader under way: its batches, how many are done, the random state that fixed them."
+
     def __init__(self, dl):
         self.dl, self.batches, self.batches_done, self.under_way = dl, None, 0, False
         self.start_state = self.resume_at = self.held_rng = None
@@ -127,34 +150,43 @@ class TrainPass:
     def start(self):
         "Begin a pass, or resume the one a checkpoint was taken in (its order replayed, the batches done skipped)."
         resume, self.resume_at = self.resume_at, None
-        if resume: set_rng_state(resume['epoch_start'], self.dl)
+        if resume:
+            set_rng_state(resume['epoch_start'], self.dl)
         self.start_state = rng_state(self.dl)  # what fixes this pass's order: checkpoints keep it
         done = resume['batches_done'] if resume else 0
         self.batches = enumerate(skip_batches(self.dl, done), done)
-        if resume: set_rng_state(resume['rng'], self.dl)
+        if resume:
+            set_rng_state(resume['rng'], self.dl)
         self.batches_done, self.under_way = done, True
         self.n_batches, self.sizes = loader_length(self.dl), batch_sizes(self.dl)
         return done
 
-    def end(self): self.under_way, self.batches = False, None
+    def end(self):
+        self.under_way, self.batches = False, None
 
-    def hold_rng(self): self.held_rng = rng_state(self.dl)  # training's random state, while an evaluation runs
+    def hold_rng(self):
+        self.held_rng = rng_state(self.dl)  # training's random state, while an evaluation runs
 
-    def release_rng(self): self.held_rng = None
+    def release_rng(self):
+        self.held_rng = None
 
     def state_dict(self):
         rng = self.held_rng if self.held_rng is not None else rng_state(self.dl)
-        if not self.under_way: return {'batches_done': 0, 'rng': rng}
+        if not self.under_way:
+            return {'batches_done': 0, 'rng': rng}
         return {'batches_done': self.batches_done, 'epoch_start': self.start_state, 'rng': rng}
 
     def load_state_dict(self, state):
         self.end()
-        if 'epoch_start' in state: self.resume_at = state  # the next start() replays the pass's order and skips ahead
-        else: set_rng_state(state['rng'], self.dl)
+        if 'epoch_start' in state:
+            self.resume_at = state  # the next start() replays the pass's order and skips ahead
+        else:
+            set_rng_state(state['rng'], self.dl)
 
 # %% ../nbs/00f_parts.ipynb #104c248a
 class Accumulation:
     "The accumulation window: `n` micro-batches a step, this batch's place in it, the examples the step averages over."
+
     def __init__(self, n=1):
         if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
             raise ValueError(f'accumulate must be an int >= 1, got {n!r}')
@@ -171,9 +203,12 @@ class Accumulation:
         """A window's first micro-batch (`index` in the pass `data`): its plan, made once: its micro-batches, cut at the
         pass's end, and its examples, exact from an ordinary loader (`exact`: no weights or tokens), else estimated."""
         n = self.n if data.n_batches is None else min(self.n, data.n_batches - index)
-        if n == 1: examples = bs
-        elif data.sizes is not None and exact: examples = sum(data.sizes(i) for i in range(index, index + n))
-        else: examples = n * batch_size(batch)  # an estimate the step corrects
+        if n == 1:
+            examples = bs
+        elif data.sizes is not None and exact:
+            examples = sum(data.sizes(i) for i in range(index, index + n))
+        else:
+            examples = n * batch_size(batch)  # an estimate the step corrects
         self.open(n, examples, bs)
 
     def open(self, size, step_examples, bs):
@@ -189,7 +224,8 @@ class Accumulation:
     def share(self, loss, bs):
         "The batch's share of the step's mean loss: what backward differentiates."
         step = self.step_examples
-        if step is bs or (type(step) in (int, float) and type(bs) in (int, float) and step == bs): return loss  # × 1
+        if step is bs or (type(step) in (int, float) and type(bs) in (int, float) and step == bs):
+            return loss  # × 1
         return loss * (bs / step)
 
     def add_backward(self):
@@ -197,90 +233,181 @@ class Accumulation:
         self.examples_seen = self.batch_examples if not self.backwards else self.examples_seen + self.batch_examples
         self.backwards, self.closed = self.backwards + 1, not self.accumulating
 
-    def step_due(self): return self.backwards > 0 and not self.accumulating
+    def step_due(self):
+        return self.backwards > 0 and not self.accumulating
 
     def rescale(self, model):
         "When the examples that reached backward differ from the plan, make `model`'s gradients their mean."
         planned, seen = self.step_examples, self.examples_seen
-        if seen is planned: return
+        if seen is planned:
+            return
         if not (torch.is_tensor(planned) or torch.is_tensor(seen)):
-            if abs(planned - seen) <= 1e-12 * abs(seen): return
-        elif torch.is_tensor(seen): seen = seen.clamp(min=1e-12)  # all weights 0: the gradients are 0 anyway
+            if abs(planned - seen) <= 1e-12 * abs(seen):
+                return
+        elif torch.is_tensor(seen):
+            seen = seen.clamp(min=1e-12)  # all weights 0: the gradients are 0 anyway
         grads = [p.grad for p in model.parameters() if p.grad is not None]
-        if grads: torch._foreach_mul_(grads, planned / seen)  # a device tensor when weighted: no sync
+        if grads:
+            torch._foreach_mul_(grads, planned / seen)  # a device tensor when weighted: no sync
 
-    def stepped(self): self.backwards = 0
+    def stepped(self):
+        self.backwards = 0
 
-    def state_dict(self): return {'n': self.n}  # checkpoints are taken between windows
+    def state_dict(self):
+        return {'n': self.n}  # checkpoints are taken between windows
 
-    def load_state_dict(self, state): self.drop()
+    def load_state_dict(self, state):
+        self.drop()
 
 # %% ../nbs/00f_parts.ipynb #7e5f5b4e
 @runtime_checkable
 class Strategy(Protocol):
     "How the work is shared between processes: what the loop asks at fixed points of a fit, and the collectives."
+
     distributed: bool  # more than one process
     rank: int
     world: int
     main_process: bool  # rank 0: the process that draws and writes files
     sharded: bool  # each rank holds a shard of the weights (FSDP): checkpoints are folders of shards
 
-    def prepare(self, model, device, train_dl, precision=None): "The model, wrapped, and the training loader, sharded."
-    def rewrap(self, model): "The model wrapped anew after the trainable parameters changed."
-    def start_fit(self, learn): "Before `before_fit`."
-    def start_train(self, learn): "Before `before_train`."
-    def mask_padding(self, learn, weights): "This batch's weights (None: all 1), 0 for examples that must not count."
-    def count_examples(self, learn): "Before a training batch's `before_batch`: `learn.window`'s counts made global."
-    def sync_window(self, learn): "Before a step's `before_step`: the gradients a window cut short left unreduced."
-    def end_batch(self, learn): "After a training batch's step, before `after_batch`."
-    def end_train(self, learn): "When training ends, before `after_train`."
-    def eval_loader(self, learn, dl): "The loader this process evaluates, after `before_validate`."
-    def end_evaluation(self, learn): "Before a fit's evaluation makes its history row."
-    def gather_rows(self, rows): "Every process's rows of the last evaluation, in the data's order."
-    def before_save(self, learn): "Before a checkpoint, on every process."
-    def barrier(self): "Wait for every process."
-    def broadcast_object(self, obj): "Rank 0's `obj`, on every process."
-    def gather_object(self, obj): "Every process's `obj`, in rank order, on every process."
-    def request_stop(self): "End the fit: on every process at the same batch."
-    def agreed_signal(self, received): "The preemption signal every process acts on (None: none yet)."
-    def state_dict(self): "What a checkpoint keeps."
-    def load_state_dict(self, state): "Put back what `state_dict` gave."
+    def prepare(self, model, device, train_dl, precision=None):
+        "The model, wrapped, and the training loader, sharded."
+
+    def rewrap(self, model):
+        "The model wrapped anew after the trainable parameters changed."
+
+    def start_fit(self, learn):
+        "Before `before_fit`."
+
+    def start_train(self, learn):
+        "Before `before_train`."
+
+    def mask_padding(self, learn, weights):
+        "This batch's weights (None: all 1), 0 for examples that must not count."
+
+    def count_examples(self, learn):
+        "Before a training batch's `before_batch`: `learn.window`'s counts made global."
+
+    def sync_window(self, learn):
+        "Before a step's `before_step`: the gradients a window cut short left unreduced."
+
+    def end_batch(self, learn):
+        "After a training batch's step, before `after_batch`."
+
+    def end_train(self, learn):
+        "When training ends, before `after_train`."
+
+    def eval_loader(self, learn, dl):
+        "The loader this process evaluates, after `before_validate`."
+
+    def end_evaluation(self, learn):
+        "Before a fit's evaluation makes its history row."
+
+    def gather_rows(self, rows):
+        "Every process's rows of the last evaluation, in the data's order."
+
+    def before_save(self, learn):
+        "Before a checkpoint, on every process."
+
+    def barrier(self):
+        "Wait for every process."
+
+    def broadcast_object(self, obj):
+        "Rank 0's `obj`, on every process."
+
+    def gather_object(self, obj):
+        "Every process's `obj`, in rank order, on every process."
+
+    def request_stop(self):
+        "End the fit: on every process at the same batch."
+
+    def agreed_signal(self, received):
+        "The preemption signal every process acts on (None: none yet)."
+
+    def state_dict(self):
+        "What a checkpoint keeps."
+
+    def load_state_dict(self, state):
+        "Put back what `state_dict` gave."
+
 
 STRATEGIES = {}  # name -> strategy class: `Learner(strategy=name)`; each declares its own name
 
+
 class SingleProcess(Strategy):
     "One process: rank 0 of 1, and every collective a no-op, so calling code never asks whether it is distributed."
+
     distributed, rank, world, main_process, sharded = False, 0, 1, True, False
 
     def __init_subclass__(cls, name=None, **kwargs):
         "`class DDP(SingleProcess, name='ddp')`: the strategy `Learner(strategy='ddp')` makes."
         super().__init_subclass__(**kwargs)
-        if name is None: return
+        if name is None:
+            return
         held = STRATEGIES.get(name)
         if held is not None and held.__qualname__ != cls.__qualname__:  # the same class again: a notebook re-ran it
             raise ValueError(f'strategy name {name!r} is taken by {held.__module__}.{held.__qualname__}')
         STRATEGIES[name] = cls
 
-    def prepare(self, model, device, train_dl, precision=None): return model, train_dl  # DDP wraps, shards the loader
-    def rewrap(self, model): return model  # DDP: a new wrapper when the trainable parameters change (its buckets)
-    def start_fit(self, learn): pass  # DDP: the stop flags reset
-    def start_train(self, learn): pass  # DDP: the sampler's epoch
-    def mask_padding(self, learn, weights): return weights  # DDP: the repeated example gets weight 0
-    def count_examples(self, learn): pass  # DDP: the window's counts made global
-    def sync_window(self, learn): pass  # DDP: the gradients of a window cut short, reduced by hand
-    def end_batch(self, learn): pass  # DDP: the periodic stop check
-    def end_train(self, learn): pass  # DDP: the stop check
-    def eval_loader(self, learn, dl): return dl  # DDP: a shard, whose metric states are summed at its end
-    def end_evaluation(self, learn): pass  # DDP: the training statistics since the last row, summed
-    def gather_rows(self, rows): return rows  # DDP: every rank's rows of a sharded evaluation, in the data's order
-    def before_save(self, learn): pass  # DDP: the statistics every rank must agree on before a checkpoint
-    def barrier(self): pass
-    def broadcast_object(self, obj): return obj
-    def gather_object(self, obj): return [obj]  # DDP: every rank's, in rank order, on every rank
-    def request_stop(self): raise CancelFitException()  # DDP: every rank stops at the same batch, soon
-    def agreed_signal(self, received): return received  # DDP: a signal any rank received, once every rank knows it
-    def state_dict(self): return {'world': self.world}
-    def load_state_dict(self, state): pass
+    def prepare(self, model, device, train_dl, precision=None):
+        return model, train_dl  # DDP wraps, shards the loader
+
+    def rewrap(self, model):
+        return model  # DDP: a new wrapper when the trainable parameters change (its buckets)
+
+    def start_fit(self, learn):
+        pass  # DDP: the stop flags reset
+
+    def start_train(self, learn):
+        pass  # DDP: the sampler's epoch
+
+    def mask_padding(self, learn, weights):
+        return weights  # DDP: the repeated example gets weight 0
+
+    def count_examples(self, learn):
+        pass  # DDP: the window's counts made global
+
+    def sync_window(self, learn):
+        pass  # DDP: the gradients of a window cut short, reduced by hand
+
+    def end_batch(self, learn):
+        pass  # DDP: the periodic stop check
+
+    def end_train(self, learn):
+        pass  # DDP: the stop check
+
+    def eval_loader(self, learn, dl):
+        return dl  # DDP: a shard, whose metric states are summed at its end
+
+    def end_evaluation(self, learn):
+        pass  # DDP: the training statistics since the last row, summed
+
+    def gather_rows(self, rows):
+        return rows  # DDP: every rank's rows of a sharded evaluation, in the data's order
+
+    def before_save(self, learn):
+        pass  # DDP: the statistics every rank must agree on before a checkpoint
+
+    def barrier(self):
+        pass
+
+    def broadcast_object(self, obj):
+        return obj
+
+    def gather_object(self, obj):
+        return [obj]  # DDP: every rank's, in rank order, on every rank
+
+    def request_stop(self):
+        raise CancelFitException()  # DDP: every rank stops at the same batch, soon
+
+    def agreed_signal(self, received):
+        return received  # DDP: a signal any rank received, once every rank knows it
+
+    def state_dict(self):
+        return {'world': self.world}
+
+    def load_state_dict(self, state):
+        pass
 
 # %% ../nbs/00f_parts.ipynb #4c6055f8
 def in_process_group():
@@ -288,23 +415,32 @@ def in_process_group():
     dist = torch.distributed
     return dist.is_available() and (dist.is_initialized() or int(os.environ.get('WORLD_SIZE', '1')) > 1)
 
+
 def make_strategy(strategy='auto', distributed=None, sync_bn=False):
     "The strategy of `Learner(strategy=...)`: an object given, a name in `STRATEGIES`, or 'auto' (DDP in a group)"
-    if not isinstance(strategy, (str, type(None))): return strategy
+    if not isinstance(strategy, (str, type(None))):
+        return strategy
     distributed = in_process_group() if distributed is None else bool(distributed)
-    if strategy in (None, 'auto'): strategy = 'ddp' if distributed else None
+    if strategy in (None, 'auto'):
+        strategy = 'ddp' if distributed else None
     elif not distributed:
-        raise ValueError(f'strategy={strategy!r} needs a process group: start the script with torchrun, or the '
-                         'function with nbtrainer.launch (nbs/15_distributed.ipynb)')
-    if strategy is None: return SingleProcess()
+        raise ValueError(
+            f'strategy={strategy!r} needs a process group: start the script with torchrun, or the '
+            'function with nbtrainer.launch (nbs/15_distributed.ipynb)'
+        )
+    if strategy is None:
+        return SingleProcess()
     if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}: 'auto', {', '.join(map(repr, sorted(STRATEGIES)))}, or a "
-                         'strategy object (import nbtrainer to have them all)')
+        raise ValueError(
+            f"unknown strategy {strategy!r}: 'auto', {', '.join(map(repr, sorted(STRATEGIES)))}, or a "
+            'strategy object (import nbtrainer to have them all)'
+        )
     return STRATEGIES[strategy](sync_bn=sync_bn)
 
 # %% ../nbs/00f_parts.ipynb #c5b90d9b
 class Validation:
     "The validation under way and the fit's evaluations: the loss, the values, the row made, the fit's loader, prefix."
+
     def __init__(self):
         self.loss = Mean(track_nonfinite=True)  # the validation loss, accumulated on the device
         self.values, self.row, self.evaluating = {}, None, False  # the last values; in after_eval, the row they made
@@ -314,128 +450,192 @@ class Validation:
     def plan(self, dl, subset=None, seed=0):
         "The fit's evaluations: on the validation loader `dl`, or on a fixed, seeded `subset` of it (prefix 'subset_')."
         self.fit_dl, self.fit_prefix = dl, ''
-        if subset is not None and dl is not None: self.fit_dl, self.fit_prefix = subset_loader(dl, subset, seed), 'subset_'
+        if subset is not None and dl is not None:
+            self.fit_dl, self.fit_prefix = subset_loader(dl, subset, seed), 'subset_'
 
     def start(self, metrics, prefix='', collect=None):
         "A validation starts: its loss and `metrics` reset; `collect`: (predictions, targets) lists to fill."
         self.values, self.prefix, self.collect = {}, prefix, collect
-        for m in (self.loss, *metrics): m.reset()
+        for m in (self.loss, *metrics):
+            m.reset()
 
     def add(self, loss, bs, pred, yb, weights):
         "A batch's loss (its mean over `bs` examples); its predictions and targets if collected (padding left out)."
         self.loss.update(loss, bs)  # it detaches
-        if self.collect is None: return
+        if self.collect is None:
+            return
         keep = slice(None) if weights is None else weights != 0  # padding is not a prediction
         self.collect[0].append(pred.detach()[keep])
-        if yb is not None: self.collect[1].append(yb[keep])
+        if yb is not None:
+            self.collect[1].append(yb[keep])
 
     def finish(self, metrics, batches):
         "The validation's values, read from the device once; a warning names the first batch whose loss is not finite."
         if batches == 0:
-            raise ValueError('the validation loader yielded no batches: pass a non-empty valid_dl (or dl=), or '
-                             'valid_dl=None to train without validation')
+            raise ValueError(
+                'the validation loader yielded no batches: pass a non-empty valid_dl (or dl=), or '
+                'valid_dl=None to train without validation'
+            )
         values = {'valid_loss': self.loss.compute(), **{metric_name(m): computed(m) for m in metrics}}
         self.values = {self.prefix + k: v for k, v in values.items()}
         if not math.isfinite(values['valid_loss']) and (bad := self.loss.first_nonfinite()) is not None:
-            warnings.warn(f'valid_loss is {values["valid_loss"]}: batch {bad} of the validation loader is the first '
-                          'whose loss is not finite. Its inputs or targets may hold NaN or inf (torch.isfinite finds '
-                          'them), or the model overflows on it', stacklevel=3)
+            warnings.warn(
+                f'valid_loss is {values["valid_loss"]}: batch {bad} of the validation loader is the first '
+                'whose loss is not finite. Its inputs or targets may hold NaN or inf (torch.isfinite finds '
+                'them), or the model overflows on it',
+                stacklevel=3,
+            )
+
 
 class FitState:
     "Whether a fit runs (one at a time: a lock, and the thread that holds it) and how the last one ended."
+
     def __init__(self):
         self.lock, self.thread, self.running = threading.Lock(), None, False
         self.outcome = self.exception = None  # 'finished', 'stopped', 'preempted', 'interrupted' or 'failed'
 
     def end(self, exc=None):
         "Record how the fit ended, by the exception that ended it (None: it finished)."
-        self.outcome = ('finished' if exc is None else 'preempted' if isinstance(exc, PreemptedException) else
-                        'stopped' if isinstance(exc, CancelFitException) else
-                        'interrupted' if isinstance(exc, KeyboardInterrupt) else 'failed')
+        self.outcome = (
+            'finished'
+            if exc is None
+            else 'preempted'
+            if isinstance(exc, PreemptedException)
+            else 'stopped'
+            if isinstance(exc, CancelFitException)
+            else 'interrupted'
+            if isinstance(exc, KeyboardInterrupt)
+            else 'failed'
+        )
         self.exception = exc
 
     @contextlib.contextmanager
     def one_at_a_time(self):
         "Hold the lock for a fit; a fit already running on this Learner is one clear error."
         if not self.lock.acquire(blocking=False):
-            raise RuntimeError('a fit is already running on this Learner (started by fit, fit_async, a callback or another '
-                               'thread): wait for it to end, or stop it first (learn.controls.stop())')
-        try: yield
-        finally: self.lock.release()
+            raise RuntimeError(
+                'a fit is already running on this Learner (started by fit, fit_async, a callback or another '
+                'thread): wait for it to end, or stop it first (learn.controls.stop())'
+            )
+        try:
+            yield
+        finally:
+            self.lock.release()
 
     def wait(self, timeout=None):
         "Block until no fit runs; False if `timeout` seconds pass first."
-        if not self.lock.acquire(timeout=-1 if timeout is None else timeout): return False
+        if not self.lock.acquire(timeout=-1 if timeout is None else timeout):
+            return False
         self.lock.release()
         return True
 
 # %% ../nbs/00f_parts.ipynb #6642e65f
 _SPLIT_HINT = 'split the model into groups with Learner(splitter=head_body) (or by_depth())'
 
+
 def spread_lrs(lr, n):
     "(base lr, per-group scales) for `n` groups from a number, `slice(lo, hi)` (geometric), a list, or `x.lrs(n)`"
-    if hasattr(lr, 'lrs'): lr = list(lr.lrs(n))
+    if hasattr(lr, 'lrs'):
+        lr = list(lr.lrs(n))
     if isinstance(lr, slice):
         if lr.step is not None:
             raise ValueError(f'lr=slice(lo, hi) spreads lrs geometrically and takes no step, got {lr!r}')
         hi = hyperparameter('lr (the slice\'s stop)', lr.stop)
-        if lr.start is None: lrs = [hi / 10] * (n - 1) + [hi]
+        if lr.start is None:
+            lrs = [hi / 10] * (n - 1) + [hi]
         else:
             lo = hyperparameter('lr (the slice\'s start)', lr.start)
             if n == 1 and lo != hi:  # one group would train at hi alone: the range is lost, as a list of 2 is refused
-                raise ValueError(f'lr=slice({lo:g}, {hi:g}) spreads lrs from {lo:g} to {hi:g} over parameter groups, but the '
-                                 f'optimizer has one parameter group, which would train at {hi:g} alone: {_SPLIT_HINT}, or give one lr '
-                                 f'(lr={hi:g})')
+                raise ValueError(
+                    f'lr=slice({lo:g}, {hi:g}) spreads lrs from {lo:g} to {hi:g} over parameter groups, but the '
+                    f'optimizer has one parameter group, which would train at {hi:g} alone: {_SPLIT_HINT}, or give one lr '
+                    f'(lr={hi:g})'
+                )
             lrs = [lo * (hi / lo) ** (i / (n - 1)) for i in range(n - 1)] + [hi]
     elif isinstance(lr, (list, tuple)):
         if len(lr) != n:
             groups = 'one parameter group' if n == 1 else f'{n} parameter groups'
-            raise ValueError(f'lr is a list of {len(lr)} lrs but the optimizer has {groups}: ' +
-                             (f'{_SPLIT_HINT}, or give one lr' if n == 1 else 'give one lr per group, or a slice(lo, hi) to spread them'))
+            raise ValueError(
+                f'lr is a list of {len(lr)} lrs but the optimizer has {groups}: '
+                + (
+                    f'{_SPLIT_HINT}, or give one lr'
+                    if n == 1
+                    else 'give one lr per group, or a slice(lo, hi) to spread them'
+                )
+            )
         lrs = [hyperparameter(f'lr[{i}]', v) for i, v in enumerate(lr)]
-    else: return hyperparameter('lr', lr), [1.0] * n
+    else:
+        return hyperparameter('lr', lr), [1.0] * n
     base = lrs[-1]
     return base, [v / base for v in lrs[:-1]] + [1.0]
 
+
 def set_lrs(param_groups, lr):
     "Set `param_groups`' lrs from `lr` (what `spread_lrs` takes; a number keeps the groups' ratios); the base lr."
-    if isinstance(lr, (slice, list, tuple)) or hasattr(lr, 'lrs'): base, scales = spread_lrs(lr, len(param_groups))
+    if isinstance(lr, (slice, list, tuple)) or hasattr(lr, 'lrs'):
+        base, scales = spread_lrs(lr, len(param_groups))
     else:
         base = hyperparameter('lr', lr)  # the one check every learning rate goes through
-        if all('lr_scale' in g for g in param_groups): scales = [g['lr_scale'] for g in param_groups]
-        else: scales = [g['lr'] / param_groups[-1]['lr'] for g in param_groups]  # an optimizer set by hand: its ratios
-    for group, scale in zip(param_groups, scales): group['lr_scale'], group['lr'] = scale, base * scale
+        if all('lr_scale' in g for g in param_groups):
+            scales = [g['lr_scale'] for g in param_groups]
+        else:
+            scales = [g['lr'] / param_groups[-1]['lr'] for g in param_groups]  # an optimizer set by hand: its ratios
+    for group, scale in zip(param_groups, scales):
+        group['lr_scale'], group['lr'] = scale, base * scale
     return base
 
 # %% ../nbs/00f_parts.ipynb #2193c2d9
-_NORMS = tuple(t for t in (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm, GhostBatchNorm,
-                           getattr(torch.nn, 'RMSNorm', None)) if t is not None)
+_NORMS = tuple(
+    t
+    for t in (
+        torch.nn.modules.batchnorm._NormBase,
+        torch.nn.LayerNorm,
+        torch.nn.GroupNorm,
+        GhostBatchNorm,
+        getattr(torch.nn, 'RMSNorm', None),
+    )
+    if t is not None
+)
+
 
 def split_params(model, splitter=None):
     "The groups of `splitter(model)` (one group if None), checked: every parameter in exactly one group."
-    if splitter is None: return [list(model.parameters())]
+    if splitter is None:
+        return [list(model.parameters())]
     groups = [list(g.parameters()) if isinstance(g, torch.nn.Module) else list(g) for g in splitter(model)]
     seen, ours = {}, {id(p) for p in model.parameters()}
     for i, g in enumerate(groups):
-        if not g: raise ValueError(f'the splitter gave an empty group (group {i}): every group needs parameters')
+        if not g:
+            raise ValueError(f'the splitter gave an empty group (group {i}): every group needs parameters')
         for p in g:
-            if id(p) in seen: raise ValueError(f'the splitter put a parameter in groups {seen[id(p)]} and {i}: '
-                                               'each parameter belongs to one group')
-            if id(p) not in ours: raise ValueError(f'the splitter gave group {i} a parameter that is not the model\'s')
+            if id(p) in seen:
+                raise ValueError(
+                    f'the splitter put a parameter in groups {seen[id(p)]} and {i}: each parameter belongs to one group'
+                )
+            if id(p) not in ours:
+                raise ValueError(f'the splitter gave group {i} a parameter that is not the model\'s')
             seen[id(p)] = i
     left = sum(1 for p in model.parameters() if id(p) not in seen)
     if left:
-        raise ValueError(f'the splitter left {left} of the model\'s parameters in no group: put every parameter in one '
-                         '(e.g. add the rest to the last group), or they would never train')
+        raise ValueError(
+            f'the splitter left {left} of the model\'s parameters in no group: put every parameter in one '
+            '(e.g. add the rest to the last group), or they would never train'
+        )
     return groups
+
 
 class ParamGroups:
     "The model's parameters in groups (body to head), and how many of the first groups are frozen."
+
     def __init__(self, groups, model=None):
         self.groups = [list(g) for g in groups]
         self.trainable = {id(p) for g in self.groups for p in g if p.requires_grad}  # what the user left trainable
-        self.norm = {id(p) for m in (model.modules() if model is not None else ()) if isinstance(m, _NORMS)
-                     for p in m.parameters(recurse=False)}
+        self.norm = {
+            id(p)
+            for m in (model.modules() if model is not None else ())
+            if isinstance(m, _NORMS)
+            for p in m.parameters(recurse=False)
+        }
         self.frozen, self.train_norm = 0, True
         self.on_change = None  # the Learner's: under DDP the model is wrapped again for the new trainable set
 
@@ -444,9 +644,12 @@ class ParamGroups:
         k = len(self.groups)
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not -k < n < k:
             hint = '' if k > 1 else ': the model is one group; split it with Learner(splitter=head_body) or another'
-            raise ValueError(f'freeze_to(n) needs an int n with {-k} < n < {k} for {k} parameter groups '
-                             f'(the last group always trains), got {n!r}' + hint)
-        if train_norm is not None: self.train_norm = bool(train_norm)
+            raise ValueError(
+                f'freeze_to(n) needs an int n with {-k} < n < {k} for {k} parameter groups '
+                f'(the last group always trains), got {n!r}' + hint
+            )
+        if train_norm is not None:
+            self.train_norm = bool(train_norm)
         self.frozen = int(n) % k
         self.apply()
 
@@ -456,61 +659,82 @@ class ParamGroups:
         for i, group in enumerate(self.groups):
             for p in group:
                 on = id(p) in self.trainable and (i >= self.frozen or (self.train_norm and id(p) in self.norm))
-                if p.requires_grad != on: p.requires_grad_(on); changed = True
-                if not on: p.grad = None  # a zero gradient would still be stepped: weight decay, momentum
-        if changed and self.on_change is not None: self.on_change()
+                if p.requires_grad != on:
+                    p.requires_grad_(on)
+                    changed = True
+                if not on:
+                    p.grad = None  # a zero gradient would still be stepped: weight decay, momentum
+        if changed and self.on_change is not None:
+            self.on_change()
 
     def counts(self):
         "Per group: (trainable, frozen) numbers of elements."
-        return [(sum(p.numel() for p in g if p.requires_grad), sum(p.numel() for p in g if not p.requires_grad))
-                for g in self.groups]
+        return [
+            (sum(p.numel() for p in g if p.requires_grad), sum(p.numel() for p in g if not p.requires_grad))
+            for g in self.groups
+        ]
 
     def follow(self, model, names):
         "The same groups of `model`'s parameters, after a strategy replaced them (FSDP's sharded ones); `names`: old id -> name."
         now = dict(model.named_parameters())
         new = {id(p): now[names[id(p)]] for g in self.groups for p in g if names.get(id(p)) in now}
-        if all(q is p for g in self.groups for p in g for q in [new.get(id(p), p)]): return
+        if all(q is p for g in self.groups for p in g for q in [new.get(id(p), p)]):
+            return
         self.trainable = {id(new[i]) if i in new else i for i in self.trainable}
         self.norm = {id(new[i]) if i in new else i for i in self.norm}
         self.groups = [[new.get(id(p), p) for p in g] for g in self.groups]
 
-    def state_dict(self): return {'frozen': self.frozen, 'train_norm': self.train_norm, 'groups': len(self.groups)}
+    def state_dict(self):
+        return {'frozen': self.frozen, 'train_norm': self.train_norm, 'groups': len(self.groups)}
 
     def load_state_dict(self, state):
         if state['groups'] != len(self.groups):
-            raise ValueError(f'the checkpoint froze {state["groups"]} parameter groups, this Learner has '
-                             f'{len(self.groups)}: split the model the same way (the same splitter=)')
+            raise ValueError(
+                f'the checkpoint froze {state["groups"]} parameter groups, this Learner has '
+                f'{len(self.groups)}: split the model the same way (the same splitter=)'
+            )
         self.frozen, self.train_norm = state['frozen'], state['train_norm']
         self.apply()
 
 # %% ../nbs/00f_parts.ipynb #70d67c6d
 def param_groups_for(model, splitter=None, opt_func=None):
     "The parameter groups: a splitter's, those of an optimizer the user built, or one group of every parameter."
-    if not isinstance(opt_func, torch.optim.Optimizer): return ParamGroups(split_params(model, splitter), model)
+    if not isinstance(opt_func, torch.optim.Optimizer):
+        return ParamGroups(split_params(model, splitter), model)
     if splitter is not None:
-        raise ValueError('splitter= and an optimizer built with its own groups (opt_func=) both set the groups: '
-                         'give one of them')
+        raise ValueError(
+            'splitter= and an optimizer built with its own groups (opt_func=) both set the groups: give one of them'
+        )
     ours = {id(p) for p in model.parameters()}
     if any(id(p) not in ours for g in opt_func.param_groups for p in g['params']):
-        raise ValueError("opt_func is an optimizer over parameters that are not the model's: build it over the "
-                         'parameters of the model given to Learner')
+        raise ValueError(
+            "opt_func is an optimizer over parameters that are not the model's: build it over the "
+            'parameters of the model given to Learner'
+        )
     return ParamGroups([g['params'] for g in opt_func.param_groups], model)
+
 
 def build_optimizer(opt_func, groups, lr, device, previous=None):
     """The optimizer over `groups` (lists of parameters), a param group each at its share (`lr_scale`) of the base lr
     that `lr` spreads to, keeping the ratios of `previous` (the optimizer it replaces); and the lr to set (None:
     `lr`)."""
     if not any(p.requires_grad for g in groups for p in g):
-        raise ValueError('the model has no trainable parameters (none, or all have requires_grad=False): '
-                         'there is nothing to train')
+        raise ValueError(
+            'the model has no trainable parameters (none, or all have requires_grad=False): there is nothing to train'
+        )
     if isinstance(opt_func, torch.optim.Optimizer):  # built by the user: its own groups and settings, kept
-        built = opt_func if previous is None else type(opt_func)([dict(g) for g in previous.param_groups],
-                                                                  **opt_func.defaults)
+        built = (
+            opt_func
+            if previous is None
+            else type(opt_func)([dict(g) for g in previous.param_groups], **opt_func.defaults)
+        )
         return built, None if 'lr_scale' in built.param_groups[0] else [g['lr'] for g in built.param_groups]
     if not callable(opt_func):
-        raise TypeError(f'opt_func must make an optimizer from (parameters, lr=...), e.g. torch.optim.AdamW or '
-                        f'functools.partial(torch.optim.SGD, momentum=0.9), or be an optimizer built over the '
-                        f"model's parameters; got {opt_func!r}")
+        raise TypeError(
+            f'opt_func must make an optimizer from (parameters, lr=...), e.g. torch.optim.AdamW or '
+            f'functools.partial(torch.optim.SGD, momentum=0.9), or be an optimizer built over the '
+            f"model's parameters; got {opt_func!r}"
+        )
     rebuild = previous is not None and len(groups) > 1  # a rebuilt optimizer keeps its groups' ratios
     base, scales = spread_lrs([lr * g['lr_scale'] for g in previous.param_groups] if rebuild else lr, len(groups))
     # on CUDA the default optimizers step in one fused kernel, which takes fp16's found_inf on the device: no sync
@@ -521,21 +745,40 @@ def build_optimizer(opt_func, groups, lr, device, previous=None):
     return opt, base
 
 # %% ../nbs/00f_parts.ipynb #32d29c21
-SNAPSHOT_ATTRS = ('valid_dl', '_lr', 'lr_note', 'training', 'fit_outcome', 'fit_exception', 'grad_norm', 'eval_row',
-                  'metric_values', 'eval_prefix')  # the Learner's own, beside its parts and callbacks
+SNAPSHOT_ATTRS = (
+    'valid_dl',
+    '_lr',
+    'lr_note',
+    'training',
+    'fit_outcome',
+    'fit_exception',
+    'grad_norm',
+    'eval_row',
+    'metric_values',
+    'eval_prefix',
+)  # the Learner's own, beside its parts and callbacks
+
 
 def snapshot_of(learn):
     "Everything a fit can change, by value, in memory: `restore_snapshot` puts it back exactly."
-    return {'learner': {k: copy.copy(getattr(learn, k)) for k in SNAPSHOT_ATTRS}, 'status': dict(learn.status),
-            'parts': {name: dict(vars(part)) for name, part in learn.parts().items() if name != 'precision'},
-            'model': copy.deepcopy(learn.model.state_dict()), 'cbs': list(learn.cbs),
-            'grads': [None if p.grad is None else p.grad.clone() for p in learn.model.parameters()],
-            'opt': copy.deepcopy(learn.opt.state_dict()), 'precision': copy.deepcopy(learn.precision.state_dict()),
-            'cb_states': [copy.deepcopy(cb.state_dict()) for cb in learn.cbs], 'rng': rng_state(learn.train_dl)}
+    return {
+        'learner': {k: copy.copy(getattr(learn, k)) for k in SNAPSHOT_ATTRS},
+        'status': dict(learn.status),
+        'parts': {name: dict(vars(part)) for name, part in learn.parts().items() if name != 'precision'},
+        'model': copy.deepcopy(learn.model.state_dict()),
+        'cbs': list(learn.cbs),
+        'grads': [None if p.grad is None else p.grad.clone() for p in learn.model.parameters()],
+        'opt': copy.deepcopy(learn.opt.state_dict()),
+        'precision': copy.deepcopy(learn.precision.state_dict()),
+        'cb_states': [copy.deepcopy(cb.state_dict()) for cb in learn.cbs],
+        'rng': rng_state(learn.train_dl),
+    }
+
 
 def restore_snapshot(learn, saved):
     "Put back a snapshot: weights, optimizer, scaler, the parts, callbacks and their state, random state."
-    for k, v in saved['learner'].items(): setattr(learn, k, v)
+    for k, v in saved['learner'].items():
+        setattr(learn, k, v)
     learn.status.clear()
     learn.status.update(saved['status'])
     for name, state in saved['parts'].items():  # in memory, by attribute: a pass under way keeps its iterator
@@ -544,36 +787,53 @@ def restore_snapshot(learn, saved):
     learn.remove_cbs(list(learn.cbs))
     learn.add_cbs(saved['cbs'])
     learn.model.load_state_dict(saved['model'])
-    for p, g in zip(learn.model.parameters(), saved['grads']): p.grad = g
+    for p, g in zip(learn.model.parameters(), saved['grads']):
+        p.grad = g
     learn.opt.load_state_dict(saved['opt'])
     learn.precision.load_state_dict(saved['precision'])
-    for cb, state in zip(learn.cbs, saved['cb_states']): cb.load_state_dict(state)
+    for cb, state in zip(learn.cbs, saved['cb_states']):
+        cb.load_state_dict(state)
     set_rng_state(saved['rng'], learn.train_dl)
+
 
 def probe_steps(learn, steps, cbs=(), name='probe'):
     "Train `steps` steps with `cbs`, no validation nor callbacks with side effects, then put the Learner back exactly."
     saved, modes = snapshot_of(learn), [m.training for m in learn.model.modules()]
     try:
-        learn.progress.probing = name  # what callbacks read (learn.probing): these steps are not training; restore clears it
+        learn.progress.probing = (
+            name  # what callbacks read (learn.probing): these steps are not training; restore clears it
+        )
         learn.remove_cbs([cb for cb in learn.cbs if getattr(cb, 'side_effects', False)])
         learn.valid_dl = None
         learn.fit(steps=steps, cbs=cbs)
     finally:
         restore_snapshot(learn, saved)
-        for m, mode in zip(learn.model.modules(), modes): m.training = mode  # fit leaves the model in train mode
+        for m, mode in zip(learn.model.modules(), modes):
+            m.training = mode  # fit leaves the model in train mode
 
 # %% ../nbs/00f_parts.ipynb #5a281534
 def _delegate(part, name):
     "A property that reads and writes `name` of the part `learn.<part>`: the part owns it."
-    return property(lambda self: getattr(getattr(self, part), name),
-                    lambda self, value: setattr(getattr(self, part), name, value), doc=f'`learn.{part}.{name}`')
+    return property(
+        lambda self: getattr(getattr(self, part), name),
+        lambda self, value: setattr(getattr(self, part), name, value),
+        doc=f'`learn.{part}.{name}`',
+    )
+
 
 class PartNames:
     "The Learner's names for what its parts own (`learn.epoch` is `learn.progress.epoch`), and its snapshots."
+
     def parts(self):
         "The parts whose state a run keeps, by the name a checkpoint files their `state_dict()` under."
-        return {'progress': self.progress, 'pass': self.data_pass, 'window': self.window, 'precision': self.precision,
-                'strategy': self.strategy, 'groups': self.param_groups}
+        return {
+            'progress': self.progress,
+            'pass': self.data_pass,
+            'window': self.window,
+            'precision': self.precision,
+            'strategy': self.strategy,
+            'groups': self.param_groups,
+        }
 
     epoch, step = _delegate('progress', 'epoch'), _delegate('progress', 'step')  # callbacks may change them
     fit_start, last_eval_step = _delegate('progress', 'fit_start'), _delegate('progress', 'last_eval_step')

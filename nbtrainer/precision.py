@@ -15,6 +15,7 @@ import torch
 # %% ../nbs/05_precision.ipynb #18effc2a
 class MixedPrecision:
     "The autocast dtype of the forward pass and loss, and for fp16 the loss scaler: `precision` is 'fp32', 'bf16' or 'fp16'."
+
     dtypes = {'fp32': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
 
     def __init__(self, precision='fp32', device='cpu'):
@@ -25,11 +26,13 @@ class MixedPrecision:
         self.skipped = torch.zeros((), dtype=torch.int64, device=device) if self.scaler is not None else None
         self.unscaled = False  # this step's gradients were divided by the scale already (the Learner reads it)
 
-    def __repr__(self): return f'MixedPrecision({self.name!r})'
+    def __repr__(self):
+        return f'MixedPrecision({self.name!r})'
 
     def autocast(self):
         "The context the forward pass and the loss run in."
-        if self.dtype is None: return contextlib.nullcontext()
+        if self.dtype is None:
+            return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
 
     def scale(self, loss):
@@ -44,7 +47,8 @@ class MixedPrecision:
 
     def update_weights(self, opt):
         "`opt` updates the weights; with fp16, an update the scaler skips (gradients not finite) counts in `skipped`."
-        if self.scaler is None: return opt.step()
+        if self.scaler is None:
+            return opt.step()
         before = self.scaler._scale.clone()  # the scale, on the device: get_scale() would read it back, a sync
         self.scaler.step(opt)
         self.scaler.update()
@@ -66,5 +70,7 @@ class MixedPrecision:
 
     def load_state_dict(self, state):
         "Put back a scaler's state; a checkpoint from another precision leaves this one as it is (the weights are fp32 either way)."
-        if self.scaler is not None and state.get('scaler'): self.scaler.load_state_dict(state['scaler'])
-        if self.scaler is not None and 'skipped' in state: self.skipped.copy_(state['skipped'])
+        if self.scaler is not None and state.get('scaler'):
+            self.scaler.load_state_dict(state['scaler'])
+        if self.scaler is not None and 'skipped' in state:
+            self.skipped.copy_(state['skipped'])

@@ -33,18 +33,23 @@ def loader_generators(dl):
     found = []
     for owner in (dl, getattr(dl, 'sampler', None), getattr(getattr(dl, 'batch_sampler', None), 'sampler', None)):
         g = getattr(owner, 'generator', None)
-        if isinstance(g, torch.Generator) and all(g is not f for f in found): found.append(g)
+        if isinstance(g, torch.Generator) and all(g is not f for f in found):
+            found.append(g)
     return found
+
 
 def rng_state(dl=None):
     "Every random state that training depends on: Python, NumPy, torch (CPU and CUDA), and `dl`'s generators."
     version, words, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {'python': [version, list(words), gauss],  # lists and tensors only: loadable with weights_only=True
-            'numpy': [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
-            'torch': torch.get_rng_state(),
-            'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            'loader': [g.get_state() for g in loader_generators(dl)] if dl is not None else []}
+    return {
+        'python': [version, list(words), gauss],  # lists and tensors only: loadable with weights_only=True
+        'numpy': [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+        'torch': torch.get_rng_state(),
+        'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        'loader': [g.get_state() for g in loader_generators(dl)] if dl is not None else [],
+    }
+
 
 def set_rng_state(state, dl=None):
     "Restore a state from `rng_state`."
@@ -53,9 +58,11 @@ def set_rng_state(state, dl=None):
     kind, keys, pos, has_gauss, cached = state['numpy']
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state['torch'])
-    if state['cuda'] and torch.cuda.is_available(): torch.cuda.set_rng_state_all(state['cuda'])
+    if state['cuda'] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state['cuda'])
     if dl is not None:
-        for g, s in zip(loader_generators(dl), state['loader']): g.set_state(s)
+        for g, s in zip(loader_generators(dl), state['loader']):
+            g.set_state(s)
 
 # %% ../nbs/00c_rng.ipynb #05a36ec7
 def reproducibility(deterministic=False):
@@ -67,5 +74,9 @@ def reproducibility(deterministic=False):
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     cudnn = torch.backends.cudnn
-    return {'deterministic': torch.are_deterministic_algorithms_enabled(), 'cudnn_deterministic': cudnn.deterministic,
-            'cudnn_benchmark': cudnn.benchmark, 'seed': torch.initial_seed()}
+    return {
+        'deterministic': torch.are_deterministic_algorithms_enabled(),
+        'cudnn_deterministic': cudnn.deterministic,
+        'cudnn_benchmark': cudnn.benchmark,
+        'seed': torch.initial_seed(),
+    }

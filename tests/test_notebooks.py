@@ -1,5 +1,6 @@
 """The notebooks are the docs: module notebooks read as tutorials (prose and examples first, hidden edge-case tests in a
 closing Tests section), and every notebook is stored executed, so a reader sees its figures and tables without running it."""
+
 import ast, functools, re
 
 import nbformat
@@ -9,7 +10,9 @@ from conftest import ROOT
 
 # nbs/index.ipynb is a link to the quick start (../index.ipynb), there for nbdev's docs: each notebook is read once
 MODULE_NOTEBOOKS = sorted(p for p in (ROOT / 'nbs').glob('*.ipynb') if not p.is_symlink())
-ALL_NOTEBOOKS = sorted(p for p in (ROOT / 'nbs').rglob('*.ipynb') if '.ipynb_checkpoints' not in p.parts and not p.is_symlink())
+ALL_NOTEBOOKS = sorted(
+    p for p in (ROOT / 'nbs').rglob('*.ipynb') if '.ipynb_checkpoints' not in p.parts and not p.is_symlink()
+)
 ALL_NOTEBOOKS += [ROOT / 'index.ipynb']
 RERUN = 'python tools/run_notebooks.py {}'  # the tool that re-executes a notebook and saves it with its outputs
 
@@ -17,11 +20,21 @@ WIDGET = 'application/vnd.jupyter.widget-view+json'
 STATIC = ('text/html', 'image/png', 'image/svg+xml', 'text/markdown', 'text/latex')
 
 
-def ids(paths): return [str(p.relative_to(ROOT)) for p in paths]
-def hidden(cell): return cell.cell_type == 'code' and cell.source.lstrip().startswith('#| hide')
+def ids(paths):
+    return [str(p.relative_to(ROOT)) for p in paths]
+
+
+def hidden(cell):
+    return cell.cell_type == 'code' and cell.source.lstrip().startswith('#| hide')
+
+
 @functools.cache
-def read(path): return nbformat.read(path, as_version=4)  # once per notebook: the four checks below only read it
-def code_cells(path): return [c for c in read(path).cells if c.cell_type == 'code']
+def read(path):
+    return nbformat.read(path, as_version=4)  # once per notebook: the four checks below only read it
+
+
+def code_cells(path):
+    return [c for c in read(path).cells if c.cell_type == 'code']
 
 
 @pytest.mark.parametrize('path', MODULE_NOTEBOOKS, ids=ids(MODULE_NOTEBOOKS))
@@ -34,17 +47,22 @@ def test_hidden_tests_close_the_notebook(path):
     before, after = [i for i in hidden_cells if i < tests[-1]], [i for i in hidden_cells if i > tests[-1]]
     assert len(before) <= 1, f'{path.name}: hidden test cells before its "## Tests" section'  # one may set it up
     assert after, f'{path.name}: no hidden test cell (#| hide) in its "## Tests" section'
-    later = [c for c in cells[tests[-1] + 1:] if c.cell_type == 'markdown' and re.search(r'(?m)^## ', c.source)]
+    later = [c for c in cells[tests[-1] + 1 :] if c.cell_type == 'markdown' and re.search(r'(?m)^## ', c.source)]
     assert not later, f'{path.name}: sections after "## Tests"'
 
 
 def shows_a_value(source):
     "Whether a cell ends in an expression whose value Jupyter displays (a name, attribute, subscript, literal...)."
     lines = [line for line in source.splitlines() if not line.lstrip().startswith(('#', '%', '!'))]
-    try: body = ast.parse('\n'.join(lines)).body
-    except SyntaxError: return False
-    if not body or not isinstance(body[-1], ast.Expr) or source.rstrip().endswith(';'): return False
-    return not isinstance(body[-1].value, (ast.Call, ast.Await, ast.Constant))  # calls may return None; strings are docs
+    try:
+        body = ast.parse('\n'.join(lines)).body
+    except SyntaxError:
+        return False
+    if not body or not isinstance(body[-1], ast.Expr) or source.rstrip().endswith(';'):
+        return False
+    return not isinstance(
+        body[-1].value, (ast.Call, ast.Await, ast.Constant)
+    )  # calls may return None; strings are docs
 
 
 @pytest.mark.parametrize('path', ALL_NOTEBOOKS, ids=ids(ALL_NOTEBOOKS))
@@ -74,7 +92,9 @@ def test_stored_outputs_read_without_a_kernel(path):
 def test_stored_with_the_language_jupyter_adds(path):
     "Jupyter adds `language_info` when it opens a notebook that lacks it, and the notebook opens as modified."
     info = read(path).metadata.get('language_info', {})
-    assert info.get('name') == 'python' and info.get('file_extension') == '.py', f'{path.name}: run `{RERUN.format(path.relative_to(ROOT))}`'
+    assert info.get('name') == 'python' and info.get('file_extension') == '.py', (
+        f'{path.name}: run `{RERUN.format(path.relative_to(ROOT))}`'
+    )
 
 
 # The rhythm of fastai's notebooks (issue #33): every exported function and class has its `show_doc`; no run of
