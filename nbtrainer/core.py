@@ -117,7 +117,7 @@ def _default_callbacks(progress, dashboard, display, preemption, skip_nonfinite,
     return defaults
 
 
-class Learner(CallbackHost, BatchReader, PartNames):
+class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its names are the parts'
     "Train `model` on `train_dl` with `loss_func` and an optimizer from `opt_func`; callbacks see every step."
 
     eval_seed = 0  # picks the fixed validation subset of fit(eval_subset=...)

@@ -357,3 +357,14 @@ def test_sizes_a_reader_can_hold():
     for module in ('core', 'parts', 'precision', 'batches', 'callback'):  # one name per thing: `step` counts steps
         methods = {n.name for n in ast.walk(tree(module)) if isinstance(n, ast.FunctionDef)}
         assert not methods & {'step', '_step', 'opt_step'}, (module, methods & {'step', '_step', 'opt_step'})
+
+
+def test_the_bases_do_not_shadow_the_parts():
+    "A name the parts own (`learn.main_process` is `learn.strategy.main_process`) is PartNames', whatever the other bases say."
+    from nbtrainer.core import Learner
+    from nbtrainer.parts import PartNames
+
+    shadowed = [
+        n for n in vars(PartNames) if not n.startswith('__') and getattr(Learner, n) is not getattr(PartNames, n)
+    ]
+    assert not shadowed, f"the Learner's other bases hide these PartNames: {shadowed}"
