@@ -14,6 +14,7 @@ Median of 5 repeats; times on this shared machine are noisy, the trend across N 
 
     python bench/checkpoint_size.py [--sizes 10000 100000 1000000]
 """
+
 import argparse, statistics, tempfile, time
 from pathlib import Path
 
@@ -36,8 +37,18 @@ def fill(learn, n):
     i = np.arange(n)
     rows = np.stack([i // 1000, i % 1000, i, np.full(n, 1e-3), np.random.default_rng(0).random(n)], axis=1)
     learn.recorder.restore_batches(rows)
-    learn.recorder.history = [{'epoch': e, 'step': (e + 1) * 1000, 'train_loss': 0.5, 'valid_loss': 0.4, 'accuracy': 0.9,
-                               'lr': 1e-3, 'time': 1.0} for e in range(n // ROWS_PER_EVAL)]
+    learn.recorder.history = [
+        {
+            'epoch': e,
+            'step': (e + 1) * 1000,
+            'train_loss': 0.5,
+            'valid_loss': 0.4,
+            'accuracy': 0.9,
+            'lr': 1e-3,
+            'time': 1.0,
+        }
+        for e in range(n // ROWS_PER_EVAL)
+    ]
     learn.step = n
 
 
@@ -83,21 +94,31 @@ def measure(n, side_file, repeats=5):
     median = statistics.median
     return (folder / 'ckpt.pt').stat().st_size, median(saves), median(loads), memory, resumed_save, read, elsewhere_save
 
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--sizes', type=int, nargs='+', default=[10_000, 100_000, 1_000_000])
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f'{"batches":>10} | {"Checkpointer (side file)":^33} | {"learn.save(path) (own side file)":^33} | loaded rows '
-          '| in the loaded Learner (Checkpointer)')
-    print(f'{"":>10} | {"size":>9} {"save":>11} {"load":>11} | {"size":>9} {"save":>11} {"load":>11} | in memory '
-          f'  | {"first save":>11} {"read all":>10} {"save elsewhere":>14}')
+    print(
+        f'{"batches":>10} | {"Checkpointer (side file)":^33} | {"learn.save(path) (own side file)":^33} | loaded rows '
+        '| in the loaded Learner (Checkpointer)'
+    )
+    print(
+        f'{"":>10} | {"size":>9} {"save":>11} {"load":>11} | {"size":>9} {"save":>11} {"load":>11} | in memory '
+        f'  | {"first save":>11} {"read all":>10} {"save elsewhere":>14}'
+    )
     for n in args.sizes:
         figures = [measure(n, side) for side in (True, False)]
-        cells = ' | '.join(f'{size / 1e3:8.0f}K {save * 1e3:9.1f}ms {load * 1e3:9.1f}ms' for size, save, load, *_ in figures)
+        cells = ' | '.join(
+            f'{size / 1e3:8.0f}K {save * 1e3:9.1f}ms {load * 1e3:9.1f}ms' for size, save, load, *_ in figures
+        )
         resumed_save, read, elsewhere = figures[0][4:]
-        print(f'{n:>10} | {cells} | {figures[0][3]:5.1f} B/batch | {resumed_save * 1e3:9.1f}ms {read * 1e3:8.1f}ms '
-              f'{elsewhere * 1e3:12.1f}ms')
+        print(
+            f'{n:>10} | {cells} | {figures[0][3]:5.1f} B/batch | {resumed_save * 1e3:9.1f}ms {read * 1e3:8.1f}ms '
+            f'{elsewhere * 1e3:12.1f}ms'
+        )
+
 
 if __name__ == '__main__':
     main()

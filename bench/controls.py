@@ -8,6 +8,7 @@ latency: a thread calls `controls.stop()` (what the Stop button does) at a rando
 
     python bench/controls.py [--rounds 6] [--epochs 3] [--steps 938] [--stops 10]
 """
+
 import argparse, asyncio, random, statistics, sys, threading, time
 from pathlib import Path
 
@@ -20,8 +21,11 @@ from nbtrainer import Callback, Controls
 
 class StopClock(Callback):
     "Notes when `after_fit` starts."
+
     order = -100
-    def after_fit(self): self.ended = time.perf_counter()
+
+    def after_fit(self):
+        self.ended = time.perf_counter()
 
 
 def stop_latency(train, valid, trials):
@@ -52,22 +56,28 @@ def main():
     ref_opt, control_opt = (torch.optim.Adam(m.parameters(), lr=1e-3) for m in (ref, control))
     plain, threaded = default_learner(make_model(), train, valid), default_learner(make_model(), train, valid)
     epochs = args.epochs
-    contenders = {'hand': lambda: [hand_written_epoch(ref, ref_opt, train, valid) for _ in range(epochs)],
-                  'control': lambda: [hand_written_epoch(control, control_opt, train, valid) for _ in range(epochs)],
-                  'fit': lambda: plain.fit(epochs),
-                  'fit_async': lambda: asyncio.run(threaded.fit_async(epochs))}
+    contenders = {
+        'hand': lambda: [hand_written_epoch(ref, ref_opt, train, valid) for _ in range(epochs)],
+        'control': lambda: [hand_written_epoch(control, control_opt, train, valid) for _ in range(epochs)],
+        'fit': lambda: plain.fit(epochs),
+        'fit_async': lambda: asyncio.run(threaded.fit_async(epochs)),
+    }
     times = paired_ratios(contenders, args.rounds, args.steps * epochs)
     print(f'{args.rounds} rounds of {epochs} epochs x {args.steps} steps; per-step CPU time, median of paired rounds:')
-    for label, name, base in (('learn.fit / hand-written      ', 'fit', 'hand'),
-                              ('learn.fit_async / hand-written', 'fit_async', 'hand'),
-                              ('learn.fit_async / learn.fit   ', 'fit_async', 'fit'),
-                              ('control: hand / hand          ', 'control', 'hand')):
+    for label, name, base in (
+        ('learn.fit / hand-written      ', 'fit', 'hand'),
+        ('learn.fit_async / hand-written', 'fit_async', 'hand'),
+        ('learn.fit_async / learn.fit   ', 'fit_async', 'fit'),
+        ('control: hand / hand          ', 'control', 'hand'),
+    ):
         ratio, q1, q3 = summary(times, name, base)
         print(f'  {label} {ratio:7.3f}x  (quartiles {q1:.3f}-{q3:.3f})')
     latencies = stop_latency(train, valid, args.stops)
     step_ms = statistics.median(times['fit']) * 1e3
-    print(f'Stop request -> after_fit over {args.stops} fits: median {statistics.median(latencies) * 1e3:.1f} ms, '
-          f'max {max(latencies) * 1e3:.1f} ms (one step takes about {step_ms:.2f} ms; the target is <= 1 s)')
+    print(
+        f'Stop request -> after_fit over {args.stops} fits: median {statistics.median(latencies) * 1e3:.1f} ms, '
+        f'max {max(latencies) * 1e3:.1f} ms (one step takes about {step_ms:.2f} ms; the target is <= 1 s)'
+    )
 
 
 if __name__ == '__main__':

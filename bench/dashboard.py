@@ -10,14 +10,23 @@ over the last 100 evaluations, the first figure frame and the longest gap betwee
 
     python bench/dashboard.py [--evals 1000] [--step-ms 10] [--code CHECKOUT] [--json]
 """
+
 import argparse, contextlib, json, os, shutil, socket, struct, subprocess, sys, tempfile, time, urllib.request
 from datetime import datetime
 from pathlib import Path
 
 import nbformat
 
-ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-        '--disable-background-networking', '--disable-component-update', '--disable-sync']
+ARGS = [
+    '--headless',
+    '--no-sandbox',
+    '--disable-gpu',
+    '--disable-quic',
+    '--no-first-run',
+    '--disable-background-networking',
+    '--disable-component-update',
+    '--disable-sync',
+]
 LONGTASKS = '''window.__longtasks = [];
 new PerformanceObserver(list => { for (const e of list.getEntries())
     window.__longtasks.push([(performance.timeOrigin + e.startTime) / 1000, e.duration]); })
@@ -57,58 +66,89 @@ def jupyterlab(folder):
         sock.bind(('127.0.0.1', 0))
         port = sock.getsockname()[1]
     settings = folder / 'settings' / '@jupyterlab'
-    for plugin, text in (('apputils-extension/notification', '{"fetchNews": "false", "checkForUpdates": false}'),
-                         ('docmanager-extension/plugin', '{"autosave": false}')):
+    for plugin, text in (
+        ('apputils-extension/notification', '{"fetchNews": "false", "checkForUpdates": false}'),
+        ('docmanager-extension/plugin', '{"autosave": false}'),
+    ):
         (settings / plugin).parent.mkdir(parents=True, exist_ok=True)
         (settings / plugin).with_suffix('.jupyterlab-settings').write_text(text)
-    env = {**os.environ, 'JUPYTERLAB_SETTINGS_DIR': str(settings.parent), 'JUPYTERLAB_WORKSPACES_DIR': str(folder / 'ws')}
+    env = {
+        **os.environ,
+        'JUPYTERLAB_SETTINGS_DIR': str(settings.parent),
+        'JUPYTERLAB_WORKSPACES_DIR': str(folder / 'ws'),
+    }
     with open(folder / 'lab.log', 'w') as log:
-        lab = subprocess.Popen([Path(sys.executable).parent / 'jupyter', 'lab', '--no-browser', f'--port={port}',
-                                '--ServerApp.token=', '--ServerApp.ip=127.0.0.1', '--allow-root',
-                                f'--ServerApp.root_dir={folder}'], env=env, cwd=folder, stdout=log, stderr=log)
+        lab = subprocess.Popen(
+            [
+                Path(sys.executable).parent / 'jupyter',
+                'lab',
+                '--no-browser',
+                f'--port={port}',
+                '--ServerApp.token=',
+                '--ServerApp.ip=127.0.0.1',
+                '--allow-root',
+                f'--ServerApp.root_dir={folder}',
+            ],
+            env=env,
+            cwd=folder,
+            stdout=log,
+            stderr=log,
+        )
         try:
             for _ in range(240):
-                try: urllib.request.urlopen(f'http://127.0.0.1:{port}/api/status'); break
-                except OSError: time.sleep(0.25)
-            else: sys.exit('JupyterLab did not start')
+                try:
+                    urllib.request.urlopen(f'http://127.0.0.1:{port}/api/status')
+                    break
+                except OSError:
+                    time.sleep(0.25)
+            else:
+                sys.exit('JupyterLab did not start')
             yield port
         finally:
             lab.terminate()
-            try: lab.wait(timeout=20)
-            except subprocess.TimeoutExpired: lab.kill()
+            try:
+                lab.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                lab.kill()
 
 
 def wait(page, condition, what, timeout):
     "Poll `condition` (the page's events are taken meanwhile) until it holds, or fail after `timeout` seconds."
     deadline = time.time() + timeout
     while not condition():
-        if time.time() > deadline: sys.exit(f'timed out waiting for {what}')
+        if time.time() > deadline:
+            sys.exit(f'timed out waiting for {what}')
         page.wait_for_timeout(100)
 
 
 def sent_at(payload):
     "When the kernel (or server) sent a websocket message: its header's date. JupyterLab 4 speaks the binary v1 protocol."
     try:
-        if isinstance(payload, str): header = json.loads(payload)['header']
+        if isinstance(payload, str):
+            header = json.loads(payload)['header']
         else:  # v1: the number of parts, their offsets, then channel, header, parent, metadata, content, buffers
             offsets = struct.unpack_from(f'<{struct.unpack_from("<Q", payload)[0]}Q', payload, 8)
-            header = json.loads(payload[offsets[1]:offsets[2]])
+            header = json.loads(payload[offsets[1] : offsets[2]])
         return datetime.fromisoformat(header['date'].replace('Z', '+00:00')).timestamp()
-    except (ValueError, KeyError, struct.error): return None  # not a kernel message (the server's event stream)
+    except (ValueError, KeyError, struct.error):
+        return None  # not a kernel message (the server's event stream)
 
 
 def measure(args, folder, port):
     from playwright.sync_api import sync_playwright
+
     cell = CELL.format(code=str(args.code), step_ms=args.step_ms, evals=args.evals)
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)])
     nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}
     nbformat.write(nb, folder / 'bench.ipynb')
     api = lambda path: json.load(urllib.request.urlopen(f'http://127.0.0.1:{port}/api/{path}'))
     frames = []  # (sent, received, bytes, holds a live frame): the figure's output, updated with a new frame
+
     def received(payload):
         data = payload.encode() if isinstance(payload, str) else payload
         if (sent := sent_at(payload)) is not None:
             frames.append((sent, time.time(), len(data), b'nbtrainer-figure' in data and b'base64' in data))
+
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=shutil.which('chromium') or '/usr/bin/chromium', args=ARGS)
         page = browser.new_page(viewport={'width': 1400, 'height': 1200})
@@ -116,8 +156,14 @@ def measure(args, folder, port):
         page.on('websocket', lambda ws: ws.on('framereceived', received))
         page.goto(f'http://127.0.0.1:{port}/lab/tree/bench.ipynb?reset')
         page.wait_for_selector('.jp-Notebook .jp-Cell', timeout=120_000)
-        wait(page, lambda: any(s['kernel']['execution_state'] == 'idle' and s['kernel']['connections'] > 0
-                               for s in api('sessions')), 'an idle, connected kernel', 120)
+        wait(
+            page,
+            lambda: any(
+                s['kernel']['execution_state'] == 'idle' and s['kernel']['connections'] > 0 for s in api('sessions')
+            ),
+            'an idle, connected kernel',
+            120,
+        )
         page.locator('.jp-Notebook .jp-Cell .jp-InputArea-editor').first.click()
         page.keyboard.press('Shift+Enter')
         summary = page.locator('.jp-OutputArea-output:has-text("Fit finished at step")')
@@ -136,21 +182,33 @@ def report(kernel, frames, longtasks, shown):
     k = min(100, len(evals) // 2)
     sent = lambda a, b, png=(True, False): sum(n for t, _, n, p in frames if a < t <= b and p in png)
     per_eval = lambda a, b, png=(True, False): round(sent(a, b, png) / k)
+
     def stalls(a, b):
         ds = [d for t, d in longtasks if a <= t <= b]
         return dict(count=len(ds), total_ms=round(sum(ds)), longest_ms=round(max(ds, default=0)))
+
     last_k = min(r for t, r, _, _ in frames if t > evals[-k - 1])  # when the browser got the first of the last k
     pngs = sorted(r for t, r, _, p in frames if p and t >= start)
     gap = lambda ts: round(max((b - a for a, b in zip(ts, ts[1:])), default=0), 2)
-    return {'evaluations': len(evals), 'fit_s': round(end - start, 1), 'summary_shown_s': round(shown - start, 1),
-            f'bytes_per_eval_first_{k}': per_eval(start, evals[k - 1]), f'bytes_per_eval_last_{k}': per_eval(evals[-k - 1], evals[-1]),
-            f'bytes_per_eval_first_{k}_no_figure': per_eval(start, evals[k - 1], (False,)),
-            f'bytes_per_eval_last_{k}_no_figure': per_eval(evals[-k - 1], evals[-1], (False,)),
-            'fit_MB': round(sent(start, end) / 1e6, 2), 'fit_figure_MB': round(sent(start, end, (True,)) / 1e6, 2),
-            'longtasks_fit': stalls(start, shown), f'longtasks_last_{k}': stalls(last_k, shown),
-            'figure_frames_received': len(pngs), 'first_frame_s': round(pngs[0] - start, 2) if pngs else None,
-            'longest_frame_gap_s': gap(pngs), 'figure_frames_shown': len(drawn), 'longest_gap_shown_s': gap(drawn),
-            'module': kernel['module']}
+    return {
+        'evaluations': len(evals),
+        'fit_s': round(end - start, 1),
+        'summary_shown_s': round(shown - start, 1),
+        f'bytes_per_eval_first_{k}': per_eval(start, evals[k - 1]),
+        f'bytes_per_eval_last_{k}': per_eval(evals[-k - 1], evals[-1]),
+        f'bytes_per_eval_first_{k}_no_figure': per_eval(start, evals[k - 1], (False,)),
+        f'bytes_per_eval_last_{k}_no_figure': per_eval(evals[-k - 1], evals[-1], (False,)),
+        'fit_MB': round(sent(start, end) / 1e6, 2),
+        'fit_figure_MB': round(sent(start, end, (True,)) / 1e6, 2),
+        'longtasks_fit': stalls(start, shown),
+        f'longtasks_last_{k}': stalls(last_k, shown),
+        'figure_frames_received': len(pngs),
+        'first_frame_s': round(pngs[0] - start, 2) if pngs else None,
+        'longest_frame_gap_s': gap(pngs),
+        'figure_frames_shown': len(drawn),
+        'longest_gap_shown_s': gap(drawn),
+        'module': kernel['module'],
+    }
 
 
 def main():
@@ -163,10 +221,14 @@ def main():
     args.code = args.code.resolve()
     with tempfile.TemporaryDirectory() as tmp, jupyterlab(Path(tmp)) as port:
         result = report(*measure(args, Path(tmp), port))
-    if args.json: print(json.dumps(result, indent=1))
+    if args.json:
+        print(json.dumps(result, indent=1))
     else:
         for key, value in result.items():
-            print(f'{key:34} ' + (' '.join(f'{k} {v}' for k, v in value.items()) if isinstance(value, dict) else str(value)))
+            print(
+                f'{key:34} '
+                + (' '.join(f'{k} {v}' for k, v in value.items()) if isinstance(value, dict) else str(value))
+            )
 
 
 if __name__ == '__main__':

@@ -7,6 +7,7 @@ CPU time per step is the figure (the control row shows the noise of the machine 
 
     python bench/datawait.py [--rounds 6] [--epochs 1] [--steps 938]
 """
+
 import argparse, statistics, time, warnings
 
 import torch
@@ -18,7 +19,8 @@ from nbtrainer import DataWait
 def own_cost(data_wait, n=200_000):
     "CPU seconds per step of DataWait's two per-batch events alone: a figure free of the fit's noise."
     data_wait.learn.training = True
-    data_wait.before_fit(); data_wait.before_train()
+    data_wait.before_fit()
+    data_wait.before_train()
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')  # back-to-back calls look like all waiting: no advice wanted here
         t = time.process_time()
@@ -41,8 +43,11 @@ def main():
     plain, control, measured = (default_learner(make_model(), train, valid) for _ in range(3))
     data_wait = DataWait()
     measured.add_cbs([data_wait])
-    contenders = {'plain': lambda: plain.fit(args.epochs), 'control': lambda: control.fit(args.epochs),
-                  'datawait': lambda: measured.fit(args.epochs)}
+    contenders = {
+        'plain': lambda: plain.fit(args.epochs),
+        'control': lambda: control.fit(args.epochs),
+        'datawait': lambda: measured.fit(args.epochs),
+    }
     times = paired_ratios(contenders, args.rounds, args.steps * args.epochs)
     print(f'{args.rounds} rounds of {args.epochs} epoch(s) x {args.steps} steps; per-step CPU time, median of rounds:')
     print(f'  learn.fit (defaults)           {statistics.median(times["plain"]) * 1e6:8.1f} us')
@@ -52,8 +57,10 @@ def main():
         print(f'  {label} {ratio:6.3f}x  median of paired rounds (quartiles {q1:.3f}-{q3:.3f})')
     print(f'  data wait share reported on in-memory batches: {data_wait.data_wait_share:.1%}')
     own = own_cost(data_wait)
-    print(f'  DataWait own work, timed alone: {own * 1e6:.2f} us per step '
-          f'({own / statistics.median(times["plain"]):.2%} of a step)')
+    print(
+        f'  DataWait own work, timed alone: {own * 1e6:.2f} us per step '
+        f'({own / statistics.median(times["plain"]):.2%} of a step)'
+    )
 
 
 if __name__ == '__main__':

@@ -18,6 +18,7 @@ pair's ratio cancels the drift between launches, which on a shared machine is la
 
     python bench/ddp.py [--rounds 3] [--steps 300] [--pairs 8]
 """
+
 import argparse, itertools, statistics, time
 
 import torch
@@ -43,23 +44,33 @@ def make_data():
 
 class Clock(Callback):
     "Time `steps` optimizer steps after `warmup`, between barriers (every rank starts and ends together)."
-    def __init__(self, warmup, steps): self.warmup, self.steps, self.seconds = warmup, steps, None
+
+    def __init__(self, warmup, steps):
+        self.warmup, self.steps, self.seconds = warmup, steps, None
 
     def after_step(self):
         step = self.learn.step
         if step == self.warmup:
-            if dist.is_initialized(): dist.barrier()
+            if dist.is_initialized():
+                dist.barrier()
             self.start = time.perf_counter()
         elif step == self.warmup + self.steps:
-            if dist.is_initialized(): dist.barrier()
+            if dist.is_initialized():
+                dist.barrier()
             self.seconds = time.perf_counter() - self.start
 
 
 def learner_run(batch, warmup, steps):
     torch.set_num_threads(1)
     clock = Clock(warmup, steps)
-    learn = Learner(make_model(), DataLoader(make_data(), batch_size=batch, shuffle=True), opt_func=torch.optim.Adam,
-                    metrics=(), progress=False, cbs=[clock])
+    learn = Learner(
+        make_model(),
+        DataLoader(make_data(), batch_size=batch, shuffle=True),
+        opt_func=torch.optim.Adam,
+        metrics=(),
+        progress=False,
+        cbs=[clock],
+    )
     learn.fit(steps=warmup + steps)
     return batch * world_size() * steps / clock.seconds
 
@@ -71,10 +82,12 @@ def hand_written_run(batch, warmup, steps):
     sampler = DistributedSampler(ds, shuffle=True)
     model = nn.parallel.DistributedDataParallel(make_model())
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
     def epochs():  # a new shuffle each epoch, as the Learner's
         for epoch in itertools.count():
             sampler.set_epoch(epoch)
             yield from DataLoader(ds, batch_size=batch, sampler=sampler)
+
     it = epochs()
     for i in range(warmup + steps):
         if i == warmup:
@@ -99,31 +112,40 @@ def paired_run(batch, warmup, steps, pairs):
 
 
 def main(rounds, steps, pairs, warmup=20):
-    runs = {'1 process, batch 64': lambda: launch(learner_run, nprocs=1, args=(64, warmup, steps)),
-            '2 processes, batch 64 each (global 128)': lambda: launch(learner_run, nprocs=2, args=(64, warmup, steps)),
-            '2 processes, batch 32 each (global 64)': lambda: launch(learner_run, nprocs=2, args=(32, warmup, steps)),
-            'hand-written DDP loop, 2 x 64': lambda: launch(hand_written_run, nprocs=2, args=(64, warmup, steps))}
+    runs = {
+        '1 process, batch 64': lambda: launch(learner_run, nprocs=1, args=(64, warmup, steps)),
+        '2 processes, batch 64 each (global 128)': lambda: launch(learner_run, nprocs=2, args=(64, warmup, steps)),
+        '2 processes, batch 32 each (global 64)': lambda: launch(learner_run, nprocs=2, args=(32, warmup, steps)),
+        'hand-written DDP loop, 2 x 64': lambda: launch(hand_written_run, nprocs=2, args=(64, warmup, steps)),
+    }
     results = {name: [] for name in runs}
     names = list(runs)
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:  # rotate the order: drift hits every row alike
+        for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate the order: drift hits every row alike
             results[name].append(runs[name]())
     base = statistics.median(results[names[0]])
-    print(f'CPU figure: 2 shared cores, gloo, 1 thread per process, torch {torch.__version__}; '
-          f'median of {rounds} rounds of {steps} steps')
+    print(
+        f'CPU figure: 2 shared cores, gloo, 1 thread per process, torch {torch.__version__}; '
+        f'median of {rounds} rounds of {steps} steps'
+    )
     print(f"{'':42s} {'examples/s':>11s} {'speed-up':>9s} {'efficiency':>11s}   (all rounds)")
     for name in names:
         thr = statistics.median(results[name])
         procs = 1 if name.startswith('1 ') else 2
-        print(f'{name:42s} {thr:11.0f} {thr / base:8.2f}x {thr / base / procs:10.0%}   '
-              f"({', '.join(f'{v:.0f}' for v in results[name])})")
+        print(
+            f'{name:42s} {thr:11.0f} {thr / base:8.2f}x {thr / base / procs:10.0%}   '
+            f"({', '.join(f'{v:.0f}' for v in results[name])})"
+        )
     learner, hand = (statistics.median(results[n]) for n in (names[1], names[3]))
     print(f'Learner / hand-written DDP loop, 2 x 64, medians of separate launches: {learner / hand:.3f}x')
-    if not pairs: return
+    if not pairs:
+        return
     ratios = launch(paired_run, nprocs=2, args=(64, warmup, steps, pairs))
-    print(f'Learner / hand-written DDP loop, 2 x 64, {pairs} pairs in the same processes: median '
-          f'{statistics.median(ratios):.3f}x (range {min(ratios):.3f}-{max(ratios):.3f}; '
-          f"{', '.join(f'{r:.3f}' for r in ratios)})")
+    print(
+        f'Learner / hand-written DDP loop, 2 x 64, {pairs} pairs in the same processes: median '
+        f'{statistics.median(ratios):.3f}x (range {min(ratios):.3f}-{max(ratios):.3f}; '
+        f"{', '.join(f'{r:.3f}' for r in ratios)})"
+    )
 
 
 if __name__ == '__main__':

@@ -11,6 +11,7 @@ Every loop uses the same recipe: AdamW (fused on CUDA), autocast in the precisio
 
 On a machine without CUDA it says so and exits 0: CI and the development machines have no GPU.
 """
+
 import argparse, itertools, sys, time
 
 import torch
@@ -20,14 +21,21 @@ import torch.nn.functional as F
 
 def block(cin, cout, stride):
     "A resnet basic block."
+
     class Basic(nn.Module):
         def __init__(self):
             super().__init__()
             self.c1, self.b1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
             self.c2, self.b2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
-            self.skip = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-                         if stride != 1 or cin != cout else nn.Identity())
-        def forward(self, x): return F.relu(self.b2(self.c2(F.relu(self.b1(self.c1(x))))) + self.skip(x))
+            self.skip = (
+                nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                if stride != 1 or cin != cout
+                else nn.Identity()
+            )
+
+        def forward(self, x):
+            return F.relu(self.b2(self.c2(F.relu(self.b1(self.c1(x))))) + self.skip(x))
+
     return Basic()
 
 
@@ -45,12 +53,17 @@ class Encoder(nn.Module):
         self.embed = nn.Embedding(vocab, d)
         self.body = nn.TransformerEncoder(nn.TransformerEncoderLayer(d, 8, 4 * d, batch_first=True), layers)
         self.head = nn.Linear(d, classes)
-    def forward(self, x): return self.head(self.body(self.embed(x)).mean(1))
+
+    def forward(self, x):
+        return self.head(self.body(self.embed(x)).mean(1))
 
 
 MODELS = {  # name: (model, batch size, input maker)
-    'mlp': (lambda: nn.Sequential(nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)), 64,
-            lambda n, g: torch.randn(n, 784, generator=g)),
+    'mlp': (
+        lambda: nn.Sequential(nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)),
+        64,
+        lambda n, g: torch.randn(n, 784, generator=g),
+    ),
     'resnet18': (resnet18, 256, lambda n, g: torch.randn(n, 3, 32, 32, generator=g)),
     'encoder': (Encoder, 64, lambda n, g: torch.randint(0, 1000, (n, 128), generator=g)),
 }
@@ -61,7 +74,9 @@ def batches(name, steps):
     "Batches made on the host and pinned, as a DataLoader with pin_memory gives them; moved with non_blocking."
     _, bs, make = MODELS[name]
     g = torch.Generator().manual_seed(0)
-    return [(make(bs, g).pin_memory(), torch.randint(0, 10, (bs,), generator=g).pin_memory()) for _ in range(min(steps, 50))]
+    return [
+        (make(bs, g).pin_memory(), torch.randint(0, 10, (bs,), generator=g).pin_memory()) for _ in range(min(steps, 50))
+    ]
 
 
 def make_model(name, compiled):
@@ -75,6 +90,7 @@ def hand(name, precision, compiled, data, steps):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     scaler = torch.amp.GradScaler('cuda') if precision == 'fp16' else None
     dtype = DTYPES[precision]
+
     def run(n):
         for x, y in itertools.islice(itertools.cycle(data), n):
             x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
@@ -88,39 +104,71 @@ def hand(name, precision, compiled, data, steps):
                 loss.backward()
                 opt.step()
             opt.zero_grad(set_to_none=True)
+
     return run
 
 
 def nbtrainer_loop(name, precision, compiled, data, steps):
     from nbtrainer import Learner
-    learn = Learner(make_model(name, False), data, lr=1e-4, metrics=(), precision=precision, progress=False,
-                    compile=compiled, device='cuda')
-    def run(n): learn.fit(steps=n)
+
+    learn = Learner(
+        make_model(name, False),
+        data,
+        lr=1e-4,
+        metrics=(),
+        precision=precision,
+        progress=False,
+        compile=compiled,
+        device='cuda',
+    )
+
+    def run(n):
+        learn.fit(steps=n)
+
     return run
 
 
 def hf_trainer(name, precision, compiled, data, steps):
-    try: from transformers import Trainer, TrainingArguments
-    except ImportError: return None
+    try:
+        from transformers import Trainer, TrainingArguments
+    except ImportError:
+        return None
     model = make_model(name, False)
+
     class Wrapped(nn.Module):
         def __init__(self):
             super().__init__()
             self.model = model
-        def forward(self, x, labels): return {'loss': F.cross_entropy(self.model(x), labels)}
+
+        def forward(self, x, labels):
+            return {'loss': F.cross_entropy(self.model(x), labels)}
+
     examples = [{'x': x[i], 'labels': y[i]} for x, y in data for i in range(len(y))]
+
     def run(n):
-        args = TrainingArguments('/tmp/nbtrainer-gpu-bench', max_steps=n, per_device_train_batch_size=MODELS[name][1],
-                                 learning_rate=1e-4, bf16=precision == 'bf16', fp16=precision == 'fp16',
-                                 torch_compile=compiled, report_to=[], save_strategy='no', logging_strategy='no',
-                                 dataloader_pin_memory=True, optim='adamw_torch_fused')
+        args = TrainingArguments(
+            '/tmp/nbtrainer-gpu-bench',
+            max_steps=n,
+            per_device_train_batch_size=MODELS[name][1],
+            learning_rate=1e-4,
+            bf16=precision == 'bf16',
+            fp16=precision == 'fp16',
+            torch_compile=compiled,
+            report_to=[],
+            save_strategy='no',
+            logging_strategy='no',
+            dataloader_pin_memory=True,
+            optim='adamw_torch_fused',
+        )
         Trainer(Wrapped(), args, train_dataset=examples).train()
+
     return run
 
 
 def measure(make, name, precision, compiled, steps):
     run = make(name, precision, compiled, batches(name, steps), steps)
-    if run is None: return None
+    if run is None:
+        return None
     run(20)  # warm-up: allocator, cuDNN autotuning, compilation
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -138,17 +186,20 @@ def main(argv=None):
     ap.add_argument('--compile', nargs='+', default=['off', 'on'], choices=['off', 'on'])
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print('bench/gpu.py needs CUDA: this machine has no GPU (torch.cuda.is_available() is False). Nothing measured.')
+        print(
+            'bench/gpu.py needs CUDA: this machine has no GPU (torch.cuda.is_available() is False). Nothing measured.'
+        )
         return 0
     print(f'{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.steps} steps per configuration')
     print(f'{"model":10} {"precision":9} {"compile":7} {"loop":10} {"steps/s":>9} {"ratio":>7} {"peak MiB":>9}')
     loops = [('hand', hand), ('nbtrainer', nbtrainer_loop), ('hf Trainer', hf_trainer)]
     for i, (name, precision, compiled) in enumerate(itertools.product(args.models, args.precisions, args.compile)):
-        order = loops[i % 3:] + loops[:i % 3]  # rotate, so no loop always runs first
+        order = loops[i % 3 :] + loops[: i % 3]  # rotate, so no loop always runs first
         results = {label: measure(make, name, precision, compiled == 'on', args.steps) for label, make in order}
         base = results['hand'][0]
         for label, _ in loops:
-            if results[label] is None: continue
+            if results[label] is None:
+                continue
             rate, peak = results[label]
             print(f'{name:10} {precision:9} {compiled:7} {label:10} {rate:9.1f} {rate / base:7.3f} {peak:9.0f}')
     return 0

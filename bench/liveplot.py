@@ -13,6 +13,7 @@
 
     python bench/liveplot.py [--seconds 10 30] [--repeats 2]
 """
+
 import argparse, math, statistics, sys, tempfile
 from pathlib import Path
 
@@ -36,7 +37,8 @@ def steps_per_second(train, valid):
 def timed_fit(train, valid, steps, live=None):
     "The wall time of a fit of `steps` steps (5 evaluations), with `live` attached if given."
     learn = default_learner(make_model(), train, valid)
-    if live is not None: learn.add_cbs([live])
+    if live is not None:
+        learn.add_cbs([live])
     start = clock.now()
     learn.fit(steps=steps, eval_every=max(1, steps // 5))
     return clock.now() - start
@@ -55,9 +57,12 @@ def loop_and_frames(args):
             plain, with_plot = timed_fit(train, valid, steps), timed_fit(train, valid, steps, live)
             moments = [0, *live.times, with_plot]
             gaps = [b - a for a, b in zip(moments, moments[1:])]
-            print(f'{with_plot:5.1f} s fit: {with_plot / plain:.3f}x the time of the same fit without LivePlot; '
-                  f'{live.frames} live frames, the first at {live.times[0] if live.times else math.nan:.1f} s, '
-                  f'longest gap {max(gaps):.1f} s', flush=True)
+            print(
+                f'{with_plot:5.1f} s fit: {with_plot / plain:.3f}x the time of the same fit without LivePlot; '
+                f'{live.frames} live frames, the first at {live.times[0] if live.times else math.nan:.1f} s, '
+                f'longest gap {max(gaps):.1f} s',
+                flush=True,
+            )
 
 
 def frame_costs():
@@ -69,8 +74,11 @@ def frame_costs():
     drawer.answer({'job': 1, 'start': {'theme': 'light', 'metrics': ['accuracy']}})
     for first in range(0, 30_000, 300):
         chunk = slice(first, first + 300)
-        new_rows = [{'step': s, 'valid_loss': losses[s - 1] + 0.05, 'accuracy': 1 - losses[s - 1] / 3}
-                    for s in steps[chunk] if s % 1000 == 0]
+        new_rows = [
+            {'step': s, 'valid_loss': losses[s - 1] + 0.05, 'accuracy': 1 - losses[s - 1] / 3}
+            for s in steps[chunk]
+            if s % 1000 == 0
+        ]
         arrays, payload = pack_arrays(steps=steps[chunk], losses=losses[chunk], smoothed=losses[chunk])
         start = clock.now()
         reply, png = drawer.answer({'job': 1, 'arrays': arrays, 'rows': new_rows, 'draw': 'live'}, payload)
@@ -81,9 +89,11 @@ def frame_costs():
     _, final = drawer.answer({'job': 1, 'draw': 'final', 'end': True})
     final_cost = clock.now() - start
     frames = drawer.figures['light'][1]
-    print(f'rendering process, 100 live frames of a 30,000-step fit: median {statistics.median(costs) * 1e3:.0f} ms, '
-          f'slowest {max(costs) * 1e3:.0f} ms ({frames.full_draws} full draws, {frames.x_draws} x-axis draws), '
-          f'{statistics.median(sizes) / 1024:.0f} KB a frame; final frame {final_cost * 1e3:.0f} ms, {len(final) / 1024:.0f} KB')
+    print(
+        f'rendering process, 100 live frames of a 30,000-step fit: median {statistics.median(costs) * 1e3:.0f} ms, '
+        f'slowest {max(costs) * 1e3:.0f} ms ({frames.full_draws} full draws, {frames.x_draws} x-axis draws), '
+        f'{statistics.median(sizes) / 1024:.0f} KB a frame; final frame {final_cost * 1e3:.0f} ms, {len(final) / 1024:.0f} KB'
+    )
 
 
 def main():

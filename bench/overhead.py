@@ -12,6 +12,7 @@ against itself) shows how large the noise is on the machine at hand.
 
     python bench/overhead.py [--rounds 8] [--epochs 3] [--steps 938]
 """
+
 import argparse, os, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 
@@ -53,13 +54,15 @@ def hand_written_epoch(model, opt, train, valid):
 def default_learner(model, train, valid):
     learn = Learner(model, train, valid, opt_func=torch.optim.Adam, lr=1e-3, metrics=('accuracy',))
     for cb in learn.cbs:  # progress stays on (it is a default callback), drawn to /dev/null
-        if type(cb).__name__ == 'ProgressCallback': cb.file = open(os.devnull, 'w')
+        if type(cb).__name__ == 'ProgressCallback':
+            cb.file = open(os.devnull, 'w')
     return learn
 
 
 def logging_learner(model, train, valid):
     "Defaults plus a CSV log, TensorBoard and a checkpoint every epoch: the issue's 'mechanics' run."
     from nbtrainer import Checkpointer, CSVLogger, TensorBoardLogger
+
     out = Path(tempfile.mkdtemp())
     learn = default_learner(model, train, valid)
     learn.add_cbs([CSVLogger(out / 'log.csv'), TensorBoardLogger(out / 'tb'), Checkpointer(out / 'ckpt', keep_best=0)])
@@ -71,11 +74,12 @@ def paired_ratios(contenders, rounds, steps):
     names = list(contenders)
     times = {name: [] for name in names}
     for r in range(rounds + 1):  # round 0 warms everything up
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             t = time.process_time()  # this process's CPU time: other tenants of a shared machine don't count
             contenders[name]()
-            if r: times[name].append((time.process_time() - t) / steps)  # per step: steps counts all epochs
+            if r:
+                times[name].append((time.process_time() - t) / steps)  # per step: steps counts all epochs
     return times
 
 
@@ -105,9 +109,11 @@ def main():
     ref_opt, control_opt = (torch.optim.Adam(m.parameters(), lr=1e-3) for m in (ref, control))
     learn = default_learner(make_model(), train, valid)
     epochs = args.epochs
-    contenders = {'hand': lambda: [hand_written_epoch(ref, ref_opt, train, valid) for _ in range(epochs)],
-                  'control': lambda: [hand_written_epoch(control, control_opt, train, valid) for _ in range(epochs)],
-                  'learner': lambda: learn.fit(epochs)}
+    contenders = {
+        'hand': lambda: [hand_written_epoch(ref, ref_opt, train, valid) for _ in range(epochs)],
+        'control': lambda: [hand_written_epoch(control, control_opt, train, valid) for _ in range(epochs)],
+        'learner': lambda: learn.fit(epochs),
+    }
     if not args.no_logging:
         logged = logging_learner(make_model(), train, valid)
         contenders['logging'] = lambda: logged.fit(epochs)
@@ -116,12 +122,15 @@ def main():
     print(f'  hand-written loop        {statistics.median(times["hand"]) * 1e6:8.1f} us')
     print(f'  learn.fit (defaults)     {statistics.median(times["learner"]) * 1e6:8.1f} us')
     rows = [('learn.fit / hand-written', 'learner'), ('control: hand / hand    ', 'control')]
-    if 'logging' in times: rows.insert(1, ('+CSV+TB+ckpt / hand     ', 'logging'))
+    if 'logging' in times:
+        rows.insert(1, ('+CSV+TB+ckpt / hand     ', 'logging'))
     for label, name in rows:
         ratio, q1, q3 = summary(times, name, 'hand')
         of_medians = statistics.median(times[name]) / statistics.median(times['hand'])
-        print(f'  {label} {ratio:8.3f}x  median of paired rounds (quartiles {q1:.3f}-{q3:.3f}); '
-              f'{of_medians:.3f}x ratio of medians')
+        print(
+            f'  {label} {ratio:8.3f}x  median of paired rounds (quartiles {q1:.3f}-{q3:.3f}); '
+            f'{of_medians:.3f}x ratio of medians'
+        )
     print('  targets: learn.fit / hand-written <= 1.03x; with CSV, TensorBoard and checkpoints <= 1.08x')
     for stmt in ('import nbtrainer', 'from nbtrainer.core import Learner'):
         print(f'  {stmt + " after torch:":<48}{import_time(stmt):6.3f} s (target <= 0.3 s)')

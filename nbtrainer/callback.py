@@ -1,4 +1,4 @@
-"""The vocabulary of the loop: the events a fit fires, the exceptions that cancel part of it, the `Callback` base class and the dispatch tables built from a list of callbacks.
+"""The vocabulary of the loop: the events a fit fires, the exceptions that cancel part of it, the `Callback` base class, the dispatch tables built from a list of callbacks, the host that fires them, and the one shape of every event pair.
 
 Docs: https://nbtrainer.github.io/nbtrainer/callback.html.md"""
 
@@ -8,95 +8,293 @@ Docs: https://nbtrainer.github.io/nbtrainer/callback.html.md"""
 __all__ = ['CANCEL_EXCEPTIONS', 'SCOPES', 'EVENTS', 'BATCH_EVENTS', 'CancelFitException', 'CancelEpochException',
            'CancelTrainException', 'CancelValidateException', 'CancelBatchException', 'CancelStepException',
            'CancelBackwardException', 'PreemptedException', 'NonFiniteLossError', 'Order', 'Callback',
-           'FunctionCallback', 'as_callback', 'dispatch_tables', 'add_note']
+           'FunctionCallback', 'as_callback', 'dispatch_tables', 'add_note', 'CallbackHost', 'EventScope']
 
 # %% ../nbs/00a_callback.ipynb #098e3d06
-class CancelFitException(Exception):      "Skip the rest of `fit`; the message, if any, says why (it shows where the fit's ending is reported)."
-class CancelEpochException(Exception):    "Skip the rest of this epoch."
-class CancelTrainException(Exception):    "Skip the rest of this epoch's training phase."
-class CancelValidateException(Exception): "Skip the rest of this validation."
-class CancelBatchException(Exception):    "Skip the rest of this batch."
-class CancelStepException(Exception):     "Skip this optimizer step."
-class CancelBackwardException(Exception): "Skip this backward pass."
+import types
+
+
+class CancelFitException(Exception):
+    "Skip the rest of `fit`; the message, if any, says why (it shows where the fit's ending is reported)."
+
+
+class CancelEpochException(Exception):
+    "Skip the rest of this epoch."
+
+
+class CancelTrainException(Exception):
+    "Skip the rest of this epoch's training phase."
+
+
+class CancelValidateException(Exception):
+    "Skip the rest of this validation."
+
+
+class CancelBatchException(Exception):
+    "Skip the rest of this batch."
+
+
+class CancelStepException(Exception):
+    "Skip this optimizer step."
+
+
+class CancelBackwardException(Exception):
+    "Skip this backward pass."
+
 
 class PreemptedException(CancelFitException):
     "End `fit` because the process is being preempted (SIGTERM, SIGUSR1): the fit's outcome is 'preempted'."
 
+
 class NonFiniteLossError(FloatingPointError):
     "The training loss became NaN or infinite; raised after the fit has ended cleanly."
 
-CANCEL_EXCEPTIONS = (CancelFitException, CancelEpochException, CancelTrainException, CancelValidateException,
-                     CancelBatchException, CancelStepException, CancelBackwardException)
+
+CANCEL_EXCEPTIONS = (
+    CancelFitException,
+    CancelEpochException,
+    CancelTrainException,
+    CancelValidateException,
+    CancelBatchException,
+    CancelStepException,
+    CancelBackwardException,
+)
 
 SCOPES = ('fit', 'epoch', 'train', 'validate', 'batch', 'backward', 'step')
-EVENTS = ('before_fit', 'before_epoch', 'before_train', 'before_batch', 'after_pred', 'after_loss',
-          'before_backward', 'after_backward', 'before_step', 'after_step', 'after_batch',
-          'after_train', 'before_validate', 'after_validate', 'after_eval', 'after_epoch', 'after_fit', 'after_fork',
-          *(f'after_cancel_{s}' for s in SCOPES), 'claim', 'release')
+EVENTS = (
+    'before_fit',
+    'before_epoch',
+    'before_train',
+    'before_batch',
+    'after_pred',
+    'after_loss',
+    'before_backward',
+    'after_backward',
+    'before_step',
+    'after_step',
+    'after_batch',
+    'after_train',
+    'before_validate',
+    'after_validate',
+    'after_eval',
+    'after_epoch',
+    'after_fit',
+    'after_fork',
+    *(f'after_cancel_{s}' for s in SCOPES),
+    'claim',
+    'release',
+)
 
 # the events fired for every batch, in training and in validation: a callback can listen to them in one phase only
-BATCH_EVENTS = frozenset({'before_batch', 'after_pred', 'after_loss', 'before_backward', 'after_backward', 'before_step',
-                          'after_step', 'after_batch', 'after_cancel_batch', 'after_cancel_backward', 'after_cancel_step'})
+BATCH_EVENTS = frozenset(
+    {
+        'before_batch',
+        'after_pred',
+        'after_loss',
+        'before_backward',
+        'after_backward',
+        'before_step',
+        'after_step',
+        'after_batch',
+        'after_cancel_batch',
+        'after_cancel_backward',
+        'after_cancel_step',
+    }
+)
 
 # %% ../nbs/00a_callback.ipynb #03081e6b
 class Order:
     "Named places in the callback order, lower first at every event; the gaps leave room for your own."
-    INPUT = -20     # sees each batch and loss first, and may skip the batch
-    RECORD = -10    # the Recorder: everything after it can read this batch's loss
+
+    INPUT = -20  # sees each batch and loss first, and may skip the batch
+    RECORD = -10  # the Recorder: everything after it can read this batch's loss
     DEFAULT = 0
-    WRITE = 10      # logs and saved predictions
-    DISPLAY = 50    # bars, plots, dashboards
-    SAVE = 90       # checkpoints: after the writers, so the state they save is final
-    CONTROL = 100   # may hold the loop (pause) or time it: every other callback has seen the batch
+    WRITE = 10  # logs and saved predictions
+    DISPLAY = 50  # bars, plots, dashboards
+    SAVE = 90  # checkpoints: after the writers, so the state they save is final
+    CONTROL = 100  # may hold the loop (pause) or time it: every other callback has seen the batch
+
 
 class Callback:
     "Base class for callbacks: define methods named after events in `EVENTS`."
+
     order = Order.DEFAULT
     run_train = run_valid = True  # which phases' batch events it gets
-    side_effects = False          # displays, writes files or takes requests: probe runs (lr_find, profile) leave it out
-    main_process_only = False     # under DDP, only rank 0 runs it
+    side_effects = False  # displays, writes files or takes requests: probe runs (lr_find, profile) leave it out
+    main_process_only = False  # under DDP, only rank 0 runs it
     learn = None
 
-    def state_dict(self): return {}
-    def load_state_dict(self, state): pass
-    def check_state(self, state): "Raise a ValueError if `state`, read from a file, is not one `load_state_dict` takes."
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+    def check_state(self, state):
+        "Raise a ValueError if `state`, read from a file, is not one `load_state_dict` takes."
 
 # %% ../nbs/00a_callback.ipynb #54652b16
 class FunctionCallback(Callback):
     "A plain function `fn(learn, event)` as a callback: called for every event, with the event's name."
+
     def __init__(self, fn, order=Order.DEFAULT):
-        if not callable(fn): raise TypeError(f'a function callback must be callable, got {fn!r}')
+        if not callable(fn):
+            raise TypeError(f'a function callback must be callable, got {fn!r}')
         self.fn, self.order = fn, order
 
-    def __repr__(self): return f'FunctionCallback({getattr(self.fn, "__name__", self.fn)!r})'
+    def __repr__(self):
+        return f'FunctionCallback({getattr(self.fn, "__name__", self.fn)!r})'
 
-def _forward_event(event): return lambda self: self.fn(self.learn, event)
-for _event in EVENTS: setattr(FunctionCallback, _event, _forward_event(_event))
+
+def _forward_event(event):
+    return lambda self: self.fn(self.learn, event)
+
+
+for _event in EVENTS:
+    setattr(FunctionCallback, _event, _forward_event(_event))
+
 
 def as_callback(cb):
     "A callback from what `cbs=` accepts: a `Callback` (or any object with event methods), a class to instantiate, or a function."
-    if isinstance(cb, type): return cb()
-    if callable(cb) and not any(callable(getattr(cb, e, None)) for e in EVENTS): return FunctionCallback(cb)
+    if isinstance(cb, type):
+        return cb()
+    if callable(cb) and not any(callable(getattr(cb, e, None)) for e in EVENTS):
+        return FunctionCallback(cb)
     if not (isinstance(cb, Callback) or any(callable(getattr(cb, e, None)) for e in EVENTS)):
-        raise TypeError(f'cbs= takes callbacks: Callback objects or classes, objects with event methods such as '
-                        f'after_batch, or functions f(learn, event); got {cb!r} ({type(cb).__name__}), which has none')
+        raise TypeError(
+            f'cbs= takes callbacks: Callback objects or classes, objects with event methods such as '
+            f'after_batch, or functions f(learn, event); got {cb!r} ({type(cb).__name__}), which has none'
+        )
     return cb
 
 # %% ../nbs/00a_callback.ipynb #bdb54f18
 def dispatch_tables(cbs, main_process=True):
     "For each phase (True: training, False: validation), each event's handlers as (callback, bound method), in order."
-    ordered = sorted((cb for cb in cbs if main_process or not getattr(cb, 'main_process_only', False)),
-                     key=lambda cb: getattr(cb, 'order', 0))
+    ordered = sorted(
+        (cb for cb in cbs if main_process or not getattr(cb, 'main_process_only', False)),
+        key=lambda cb: getattr(cb, 'order', 0),
+    )
 
     def runs(cb, event, training):
-        if event not in BATCH_EVENTS: return True
+        if event not in BATCH_EVENTS:
+            return True
         return getattr(cb, 'run_train', True) if training else getattr(cb, 'run_valid', True)
 
-    return {training: {event: [(cb, getattr(cb, event)) for cb in ordered
-                               if callable(getattr(cb, event, None)) and runs(cb, event, training)]
-                       for event in EVENTS}
-            for training in (True, False)}
+    return {
+        training: {
+            event: [
+                (cb, getattr(cb, event))
+                for cb in ordered
+                if callable(getattr(cb, event, None)) and runs(cb, event, training)
+            ]
+            for event in EVENTS
+        }
+        for training in (True, False)
+    }
+
 
 def add_note(exc, msg):
     "Attach `msg` to the traceback of `exc` (Python 3.11+; a no-op before)."
     getattr(exc, 'add_note', lambda _: None)(msg)
+
+# %% ../nbs/00a_callback.ipynb #d2338086
+class CallbackHost:
+    "What callbacks attach to (the Learner is one): `add_cbs`, `remove_cbs`, and events fired from per-phase tables."
+
+    main_process = True  # under DDP, a host on another rank leaves out `main_process_only` callbacks
+
+    def __init__(self, cbs=(), scopes=()):
+        "`scopes`: each event pair's (name, cancel, the name of the method that ends it or None, always): EventScopes."
+        self.cbs, self.training, self._dispatch = [], False, types.SimpleNamespace(tables=dispatch_tables([]))
+        for name, cancel, last, always in scopes:
+            setattr(self._dispatch, name, EventScope(self, name, cancel, last and getattr(self, last), always))
+        self._events = self._dispatch.tables[False]  # the phase's table: who hears each event now
+        self.add_cbs(cbs)
+
+    def add_cbs(self, cbs):
+        "Attach callbacks (instances, or classes to instantiate); returns the instances."
+        added = [as_callback(cb) for cb in cbs]
+        for cb in added:
+            cb.learn = self
+        self.cbs.extend(added)
+        self._rebuild_dispatch()
+        return added
+
+    def remove_cbs(self, cbs):
+        "Detach callbacks."
+        for cb in cbs:
+            if cb in self.cbs:
+                self.cbs.remove(cb)
+        self._rebuild_dispatch()
+
+    def _rebuild_dispatch(self):
+        self._dispatch.tables = dispatch_tables(self.cbs, self.main_process)
+        self._events = self._dispatch.tables[self.training]
+
+    def _set_phase(self, training):
+        "Enter the training or the validation phase: the dispatch table switches with it."
+        self.training, self._events = training, self._dispatch.tables[training]
+
+    def __call__(self, event):
+        "Fire `event`: run the callbacks listening to it in this phase."
+        for cb, method in self._events[event]:
+            try:
+                method()
+            except CANCEL_EXCEPTIONS:
+                raise
+            except Exception as e:
+                add_note(e, f'raised in callback {type(cb).__name__} during {event}')
+                raise
+
+    def _fire_all(self, event):
+        "Fire `event` on every callback even if some raise (cleanup must reach them all), then raise the first error."
+        first = None
+        for cb, method in self._events[event]:
+            try:
+                method()
+            except Exception as e:
+                add_note(e, f'raised in callback {type(cb).__name__} during {event}')
+                first = first or e
+        if first is not None:
+            raise first
+
+# %% ../nbs/00a_callback.ipynb #f28825b1
+class EventScope:
+    "An event pair around a block that fires `before_<name>` first; out: `last`, `after_cancel_<name>`, `after_<name>`"
+
+    def __init__(self, host, name, cancel, last=None, always=False):
+        self.host, self.cancel, self.last, self.always = host, cancel, last, always
+        self.after, self.after_cancel = 'after_' + name, 'after_cancel_' + name
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        host, cancelled = self.host, kind is not None
+        error = cancelled and not issubclass(kind, self.cancel)
+        if error and not self.always:
+            return False  # an error, or an outer scope's cancel: not this scope's
+        if self.last is not None:
+            try:
+                self.last(exc)
+            except self.cancel:
+                cancelled = True
+        if not self.always:
+            if cancelled:
+                host(self.after_cancel)
+            if host._events[self.after]:
+                host(self.after)
+            return True
+        first = None  # every callback gets the closing events, even if some raise in them
+        for event in (self.after_cancel, self.after)[0 if cancelled else 1 :]:
+            try:
+                host._fire_all(event)
+            except Exception as e:
+                first = first or e
+        if error:
+            if first is not None:
+                add_note(exc, f'while cleaning up, {type(first).__name__}: {first}')
+            return False
+        if first is not None:
+            raise first
+        return True

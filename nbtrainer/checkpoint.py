@@ -18,11 +18,22 @@ import torch
 
 from .callback import Callback, Order
 from .checks import writable_folder
-from .core import Learner, patch_to
-from .data import data_fingerprint, examples_digest
+from .core import Learner, fills, patch_to
+from .data import data_fingerprint, examples_digest, plain_model
 from .recorder import Recorder, check_monitor, monitored_value
-from .runfiles import (CHECKPOINT_NAME, bare_name, map_rows, read_rows, read_shard_metadata, read_shards,
-                                read_torch_file, shard_errors, shard_planner, shard_reader, side_file)
+from nbtrainer.runfiles import (
+    CHECKPOINT_NAME,
+    bare_name,
+    map_rows,
+    read_rows,
+    read_shard_metadata,
+    read_shards,
+    read_torch_file,
+    shard_errors,
+    shard_planner,
+    shard_reader,
+    side_file,
+)
 
 # %% ../nbs/08_checkpoint.ipynb #f5e5cb7c
 FORMAT = 'nbtrainer-checkpoint-3'
@@ -30,24 +41,31 @@ ROW_WIDTH = len(Recorder.columns)  # the Recorder's per-batch columns, as float6
 ROW_BYTES = 8 * ROW_WIDTH
 _PREFIXES = ('module.', '_orig_mod.')
 
+
 def plain_state_dict(state):
     "A model `state_dict` without the `module.` (DDP) and `_orig_mod.` (torch.compile) prefixes."
     out = {}
     for key, value in state.items():
-        while key.startswith(_PREFIXES): key = key.split('.', 1)[1]
+        while key.startswith(_PREFIXES):
+            key = key.split('.', 1)[1]
         out[key] = value
     return out
+
 
 def _callback_key(cb, taken):
     "A stable key per callback: its class name, numbered when a class appears twice."
     name, i = type(cb).__name__, 1
-    while (key := name if i == 1 else f'{name}{i}') in taken: i += 1
+    while (key := name if i == 1 else f'{name}{i}') in taken:
+        i += 1
     return key
+
 
 def _callback_keys(learn):
     keys = {}
-    for cb in learn.cbs: keys[_callback_key(cb, keys)] = cb
+    for cb in learn.cbs:
+        keys[_callback_key(cb, keys)] = cb
     return keys
+
 
 def _atomic_save(obj, path):
     path = Path(path)
@@ -63,61 +81,87 @@ def _atomic_save(obj, path):
         raise
     os.replace(tmp, path)  # atomic on POSIX and Windows
     dir_fd = os.open(path.parent, os.O_RDONLY)
-    try: os.fsync(dir_fd)  # make the rename itself durable
-    finally: os.close(dir_fd)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
 
 # %% ../nbs/08_checkpoint.ipynb #f1cb3616
 def _scalars(obj):
     "The public settings of an object that are plain values (a loss module's reduction, label smoothing, ...)."
-    return {k: v for k, v in sorted(vars(obj).items()) if not k.startswith('_') and k != 'training'
-            and isinstance(v, (bool, int, float, str, type(None)))}
+    return {
+        k: v
+        for k, v in sorted(vars(obj).items())
+        if not k.startswith('_') and k != 'training' and isinstance(v, (bool, int, float, str, type(None)))
+    }
+
 
 def run_config(learn):
     "What a run's checkpoints must share to continue it exactly: model, optimizer, loss, precision, accumulation, data."
-    model, loss, opt = learn.model, learn.loss_func, learn.opt
-    while hasattr(model, 'module') or hasattr(model, '_orig_mod'): model = getattr(model, 'module', None) or model._orig_mod
+    model, loss, opt = plain_model(learn.model), learn.loss_func, learn.opt
     loss_name = getattr(loss, '__qualname__', None) or type(loss).__qualname__
-    return {'model': _model_class(model).__qualname__,
-            'parameters': {k: list(v.shape) for k, v in plain_state_dict(learn.model.state_dict()).items()},
-            'optimizer': type(opt).__name__,
-            'hyperparameters': {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(opt.defaults.items())
-                                if isinstance(v, (bool, int, float, str, tuple, type(None)))},
-            'loss': {'name': loss_name, **(_scalars(loss) if isinstance(loss, torch.nn.Module) else {})},
-            'precision': learn.precision.name, 'accumulate': learn.window.n,
-            'data': {**data_fingerprint(learn.train_dl), 'examples': _examples_digest(learn.train_dl)},
-            'reproducibility': dict(learn.reproducibility)}  # recorded, not compared: deterministic=True, the seed
+    return {
+        'model': _model_class(model).__qualname__,
+        'parameters': {k: list(v.shape) for k, v in plain_state_dict(learn.model.state_dict()).items()},
+        'optimizer': type(opt).__name__,
+        'hyperparameters': {
+            k: list(v) if isinstance(v, tuple) else v
+            for k, v in sorted(opt.defaults.items())
+            if isinstance(v, (bool, int, float, str, tuple, type(None)))
+        },
+        'loss': {'name': loss_name, **(_scalars(loss) if isinstance(loss, torch.nn.Module) else {})},
+        'precision': learn.precision.name,
+        'accumulate': learn.window.n,
+        'data': {**data_fingerprint(learn.train_dl), 'examples': _examples_digest(learn.train_dl)},
+        'reproducibility': dict(learn.reproducibility),
+    }  # recorded, not compared: deterministic=True, the seed
+
 
 def _model_class(model):
     "The model's own class: FSDP2 (`fully_shard`) makes it a subclass of itself and `FSDPModule`, named FSDP<name>."
     cls = type(model)
     if torch.distributed.is_available():
         from torch.distributed.fsdp import FSDPModule
-        if isinstance(model, FSDPModule): cls = next(c for c in cls.__mro__ if not issubclass(c, FSDPModule))
+
+        if isinstance(model, FSDPModule):
+            cls = next(c for c in cls.__mro__ if not issubclass(c, FSDPModule))
     return cls
+
 
 _digests = weakref.WeakKeyDictionary()  # dataset -> its examples' hash: read once, not at every save
 
+
 def _examples_digest(dl):
     dataset = getattr(dl, 'dataset', None)
-    try: return _digests[dataset]
-    except (KeyError, TypeError): pass  # not seen yet, or not weakly referable (then read each time)
+    try:
+        return _digests[dataset]
+    except (KeyError, TypeError):
+        pass  # not seen yet, or not weakly referable (then read each time)
     digest = examples_digest(dl)
-    try: _digests[dataset] = digest
-    except TypeError: pass
+    try:
+        _digests[dataset] = digest
+    except TypeError:
+        pass
     return digest
 
+
 CONFIG_PARTS = ('model', 'parameters', 'optimizer', 'hyperparameters', 'loss', 'precision', 'accumulate', 'data')
+
 
 def config_changes(saved, now, allowed=()):
     "Each difference between a saved configuration and this one, as `(part, words)`, leaving out the `allowed` parts."
     changes = []
     for part in CONFIG_PARTS:
         a, b = saved.get(part), now.get(part)
-        if part in allowed or a is None or a == b: continue
+        if part in allowed or a is None or a == b:
+            continue
         if isinstance(a, dict) and isinstance(b, dict):
             keys = [k for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
-            words = '; '.join(f'{k}: {a.get(k)!r} -> {b.get(k)!r}' for k in keys[:4]) + ('; ...' if len(keys) > 4 else '')
-        else: words = f'{a!r} -> {b!r}'
+            words = '; '.join(f'{k}: {a.get(k)!r} -> {b.get(k)!r}' for k in keys[:4]) + (
+                '; ...' if len(keys) > 4 else ''
+            )
+        else:
+            words = f'{a!r} -> {b!r}'
         changes.append((part, f'{part} ({words})'))
     return changes
 
@@ -125,21 +169,30 @@ def config_changes(saved, now, allowed=()):
 def _check_run_config(learn, state, path, allow_changes, lr_given, strict):
     "Refuse (`strict`, as resume does) or warn about a checkpoint of another configuration, naming each difference."
     saved = state.get('config')
-    if saved is None or allow_changes is True: return
+    if saved is None or allow_changes is True:
+        return
     allowed = set(allow_changes or ())
     unknown = allowed - set(CONFIG_PARTS)
-    if unknown: raise ValueError(f'allow_changes names {sorted(unknown)}, which are not parts of a configuration: {CONFIG_PARTS}')
+    if unknown:
+        raise ValueError(
+            f'allow_changes names {sorted(unknown)}, which are not parts of a configuration: {CONFIG_PARTS}'
+        )
     now = run_config(learn)
     if lr_given:  # fit(lr=..., resume=True) asks for the change of lr
         now['hyperparameters'] = {**now['hyperparameters'], 'lr': saved.get('hyperparameters', {}).get('lr')}
     changes = config_changes(saved, now, allowed)
-    if not changes: return
+    if not changes:
+        return
     text = f'checkpoint {path} belongs to a run of another configuration: ' + '; '.join(w for _, w in changes)
     parts = tuple(p for p, _ in changes)
     if strict:
-        raise ValueError(f'{text}. Resuming would continue that run with other settings. Use a Checkpointer folder of its '
-                         f'own for this configuration, or, to continue anyway, fit(..., resume=True, allow_changes={parts!r})')
-    warnings.warn(f'{text}: loaded anyway (learn.load(path, allow_changes={parts!r}) says this is intended)', stacklevel=3)
+        raise ValueError(
+            f'{text}. Resuming would continue that run with other settings. Use a Checkpointer folder of its '
+            f'own for this configuration, or, to continue anyway, fit(..., resume=True, allow_changes={parts!r})'
+        )
+    warnings.warn(
+        f'{text}: loaded anyway (learn.load(path, allow_changes={parts!r}) says this is intended)', stacklevel=3
+    )
 
 # %% ../nbs/08_checkpoint.ipynb #45356b46
 def read_checkpoint(path, map_location='cpu'):
@@ -147,24 +200,34 @@ def read_checkpoint(path, map_location='cpu'):
     checksums checked, nothing unpickled outside an allow list; one clear error for a missing, truncated, corrupt,
     crafted or foreign one."""
     path = Path(path)
-    if path.is_dir(): return _read_shards(path)  # a sharded checkpoint: tensors are read by `_load_tensors`
+    if path.is_dir():
+        return _read_shards(path)  # a sharded checkpoint: tensors are read by `_load_tensors`
     state = read_torch_file(path, map_location)
     if not isinstance(state, dict) or 'model' not in state:
         raise ValueError(f'{path} is not an nbtrainer checkpoint: it has no "model" key')
     return state
 
-def _read_rows(file, start, count): return read_rows(file, ROW_WIDTH, start, count)
+
+def _read_rows(file, start, count):
+    return read_rows(file, ROW_WIDTH, start, count)
+
 
 _side_crcs = {}  # side file -> (rows, CRC-32 of them) this process wrote or loaded: a save extends it, reading nothing
-def _key(file): return os.path.abspath(file)
+
+
+def _key(file):
+    return os.path.abspath(file)
+
 
 def _agreed_rows(recorder, file, have, n):
     "How many rows the side file and the Recorder share: the file's, or those this process last wrote or loaded."
     for rows in (min(have, n), _side_crcs.get(_key(file), (0,))[0]):
-        if 0 < rows <= min(have, n) and np.array_equal(_read_rows(file, rows - 1, 1),
-                                                       recorder.batch_rows(rows - 1, rows)):
+        if 0 < rows <= min(have, n) and np.array_equal(
+            _read_rows(file, rows - 1, 1), recorder.batch_rows(rows - 1, rows)
+        ):
             return rows  # the last row both hold agrees: the rows before it are this run's
     return 0
+
 
 def _append_batch_rows(recorder, file):
     """Bring the append-only side file up to the Recorder's rows; returns what a checkpoint records of them. Rows the
@@ -174,61 +237,84 @@ def _append_batch_rows(recorder, file):
     have = file.stat().st_size // ROW_BYTES if file.exists() else 0
     keep = _agreed_rows(recorder, file, have, n)
     source = file if keep else _loaded_rows(recorder, file, n)  # a new file: the loaded side file's rows, copied
-    if source != file: keep, known = _loaded_from[recorder][1:]
-    else: known = _side_crcs.get(_key(file))
+    if source != file:
+        keep, known = _loaded_from[recorder][1:]
+    else:
+        known = _side_crcs.get(_key(file))
     crc = known[1] if known is not None and known[0] == keep else zlib.crc32(_read_rows(file, 0, keep)) if keep else 0
     new = recorder.batch_rows(keep, n)
     target = file if keep == have and source == file else file.with_name(f'.{file.name}.tmp')
-    if target != file and keep: shutil.copyfile(source, target)
+    if target != file and keep:
+        shutil.copyfile(source, target)
     with open(target, 'r+b' if target.exists() else 'wb') as f:
         f.truncate(keep * ROW_BYTES)
         f.seek(0, os.SEEK_END)
         new.tofile(f)
         f.flush()
         os.fsync(f.fileno())
-    if target != file: os.replace(target, file)
+    if target != file:
+        os.replace(target, file)
     crc = zlib.crc32(np.ascontiguousarray(new), crc)
     _side_crcs[_key(file)] = (n, crc)
     return {'file': file.name, 'rows': n, 'crc32': crc, 'last': recorder.batch_rows(n - 1, n)[0].tolist() if n else []}
 
+
 _loaded_from = weakref.WeakKeyDictionary()  # Recorder -> (side file, rows, (rows, CRC-32)) a load mapped its rows from
+
 
 def _loaded_rows(recorder, file, n):
     "The side file a load mapped the Recorder's first rows from, if they are still its rows; else `file`."
     source, count, _ = _loaded_from.get(recorder, (None, 0, None))
-    if source is None or source == file or not 0 < count <= n or not source.is_file(): return file
-    if source.stat().st_size < count * ROW_BYTES: return file
+    if source is None or source == file or not 0 < count <= n or not source.is_file():
+        return file
+    if source.stat().st_size < count * ROW_BYTES:
+        return file
     same = np.array_equal(_read_rows(source, count - 1, 1), recorder.batch_rows(count - 1, count))
     return source if same else file
+
 
 def _batch_rows(state, path):
     """The per-batch rows a checkpoint holds, or refers to in its side file, and a check of them to run before they are
     first read (None: checked already). Side-file rows are mapped, not read: a load takes the same time at any step.
     Its size and last row are checked here, their CRC-32 in a thread; a side file that lost them warns, gives none."""
     rows = state.get('batches')
-    if rows is None: return None, None
-    if 'file' not in rows: return rows['rows'].numpy(), None
-    file = side_file(Path(path).parent, rows['file'], path)  # beside the checkpoint: the folder may have been copied or moved
+    if rows is None:
+        return None, None
+    if 'file' not in rows:
+        return rows['rows'].numpy(), None
+    file = side_file(
+        Path(path).parent, rows['file'], path
+    )  # beside the checkpoint: the folder may have been copied or moved
     count, step = rows['rows'], state.get('progress', {}).get('step', state.get('step'))
     if not (isinstance(count, int) and count >= 0 and isinstance(rows.get('last', []), list)):
-        raise ValueError(f'{path} is not a checkpoint nbtrainer wrote, or was altered: its per-batch rows are {count!r}')
+        raise ValueError(
+            f'{path} is not a checkpoint nbtrainer wrote, or was altered: its per-batch rows are {count!r}'
+        )
+
     def damaged():
-        warnings.warn(f'the per-batch history of {path} ({count} rows in {file}) is missing or damaged: the weights, '
-                      f'optimizer, evaluation history and position load as saved, but the per-batch losses before step '
-                      f'{step} are gone (plots and logs of them start at this step)', stacklevel=2)
+        warnings.warn(
+            f'the per-batch history of {path} ({count} rows in {file}) is missing or damaged: the weights, '
+            f'optimizer, evaluation history and position load as saved, but the per-batch losses before step '
+            f'{step} are gone (plots and logs of them start at this step)',
+            stacklevel=2,
+        )
         return False
+
     have = file.stat().st_size // ROW_BYTES if file.exists() else 0
     if have < count or (count and _read_rows(file, count - 1, 1)[0].tolist() != rows['last']):
         damaged()
         return np.zeros((0, ROW_WIDTH)), None
-    if not count or 'crc32' not in rows: return _read_rows(file, 0, count), None  # an early format 3: no CRC
+    if not count or 'crc32' not in rows:
+        return _read_rows(file, 0, count), None  # an early format 3: no CRC
     mapped, found = map_rows(file, ROW_WIDTH, count), []
     # their CRC-32 is computed beside the fit (zlib lets go of the GIL), and compared when the rows are first read
     crc = threading.Thread(target=lambda: found.append(zlib.crc32(mapped)), name='nbtrainer-side-file-crc', daemon=True)
     crc.start()
+
     def verify():
         crc.join()
         return found == [rows['crc32']] or damaged()
+
     _side_crcs[_key(file)] = (count, rows['crc32'])  # a save from here on appends to them, reading nothing
     return mapped, verify
 
@@ -239,38 +325,57 @@ def save(learn, path, batches_file=None):
     by default `batches-<run id>.f64` beside it, appended to: a save costs the same at step 1,000 and at 1,000,000.
     Under DDP every rank calls it; rank 0 writes. Under FSDP every rank calls it and writes its shards in a folder."""
     state = training_state(learn)  # every rank takes part: the strategy's collectives
-    if batches_file is None: batches_file = Path(path).parent / f'batches-{learn.progress.run_id}.f64'
-    if learn.strategy.sharded: return _save_shards(learn, state, Path(path), Path(batches_file))
-    if state is None: return Path(path)  # not the main process
+    if batches_file is None:
+        batches_file = Path(path).parent / f'batches-{learn.progress.run_id}.f64'
+    if learn.strategy.sharded:
+        return _save_shards(learn, state, Path(path), Path(batches_file))
+    if state is None:
+        return Path(path)  # not the main process
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     state['batches'] = _append_batch_rows(learn.recorder, Path(batches_file))
     _atomic_save(state, path)
     return Path(path)
 
+
 def training_state(learn):
     "Everything a checkpoint holds but the per-batch rows, as references (None on a rank other than the main one)."
     learn.strategy.before_save(learn)  # DDP: the statistics every rank must agree on (collectives, so every rank calls)
     passes = learn.strategy.gather_object(learn.data_pass.state_dict())  # each rank's random streams (dropout differs)
-    if not learn.main_process: return None
+    if not learn.main_process:
+        return None
     callbacks = {key: cb.state_dict() for key, cb in _callback_keys(learn).items()}
     sharded = learn.strategy.sharded  # FSDP: each rank writes its own shards of these (`_save_shards`)
-    return {'format': FORMAT, 'config': run_config(learn),
-            'model': None if sharded else plain_state_dict(learn.model.state_dict()),
-            'optimizer': None if sharded else learn.opt.state_dict(), 'lr': learn.lr,
-            **{name: part.state_dict() for name, part in learn.parts().items() if name != 'pass'},
-            'pass': passes[0], **({'pass_by_rank': passes} if len(passes) > 1 else {}),
-            'batches': None, 'callbacks': {k: v for k, v in callbacks.items() if v}}
+    return {
+        'format': FORMAT,
+        'config': run_config(learn),
+        'model': None if sharded else plain_state_dict(learn.model.state_dict()),
+        'optimizer': None if sharded else learn.opt.state_dict(),
+        'lr': learn.lr,
+        **{name: part.state_dict() for name, part in learn.parts().items() if name != 'pass'},
+        'pass': passes[0],
+        **({'pass_by_rank': passes} if len(passes) > 1 else {}),
+        'batches': None,
+        'callbacks': {k: v for k, v in callbacks.items() if v},
+    }
 
 # %% ../nbs/08_checkpoint.ipynb #32409803
 def _check_model(model, state, path):
     expected = plain_state_dict(model.state_dict())
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
-    shapes = [f'{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}'
-              for k, v in expected.items() if k in state and hasattr(state[k], 'shape') and state[k].shape != v.shape]
-    problems = ([f'missing keys {missing[:5]}'] if missing else []) + ([f'unexpected keys {unexpected[:5]}'] if unexpected else []) \
-               + ([f'shape mismatch {"; ".join(shapes[:5])}'] if shapes else [])
-    if problems: raise ValueError(f'checkpoint {path} does not fit this model: ' + '; '.join(problems))
+    shapes = [
+        f'{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}'
+        for k, v in expected.items()
+        if k in state and hasattr(state[k], 'shape') and state[k].shape != v.shape
+    ]
+    problems = (
+        ([f'missing keys {missing[:5]}'] if missing else [])
+        + ([f'unexpected keys {unexpected[:5]}'] if unexpected else [])
+        + ([f'shape mismatch {"; ".join(shapes[:5])}'] if shapes else [])
+    )
+    if problems:
+        raise ValueError(f'checkpoint {path} does not fit this model: ' + '; '.join(problems))
+
 
 def load_plain_state_dict(model, state):
     "Load a plain state_dict (no `module.` or `_orig_mod.` prefixes) into `model`, adding back the prefixes it has."
@@ -278,26 +383,35 @@ def load_plain_state_dict(model, state):
     plain_keys = list(plain_state_dict(model.state_dict()))
     model.load_state_dict({t: state[p] for t, p in zip(target_keys, plain_keys)})
 
+
 def _check_optimizer(opt, state, path):
     "The checkpoint's optimizer must be this one's kind, with the same parameter groups: else its state cannot apply."
     saved = state['config']['optimizer'] if 'config' in state else state.get('optimizer_type')
     if saved is not None and saved != type(opt).__name__:
-        raise ValueError(f'checkpoint {path} was trained with {saved}, but this Learner uses {type(opt).__name__}: '
-                         f'create the Learner with opt_func=torch.optim.{saved}, or load the weights alone with '
-                         'learn.load(path, model_only=True)')
+        raise ValueError(
+            f'checkpoint {path} was trained with {saved}, but this Learner uses {type(opt).__name__}: '
+            f'create the Learner with opt_func=torch.optim.{saved}, or load the weights alone with '
+            'learn.load(path, model_only=True)'
+        )
     groups, ours = state['optimizer']['param_groups'], opt.param_groups
     if [len(g['params']) for g in groups] != [len(g['params']) for g in ours]:
-        raise ValueError(f'checkpoint {path} has {len(groups)} parameter groups of {[len(g["params"]) for g in groups]} '
-                         f'parameters, this optimizer {len(ours)} of {[len(g["params"]) for g in ours]}: build the optimizer '
-                         'the same way, or load the weights alone with learn.load(path, model_only=True)')
+        raise ValueError(
+            f'checkpoint {path} has {len(groups)} parameter groups of {[len(g["params"]) for g in groups]} '
+            f'parameters, this optimizer {len(ours)} of {[len(g["params"]) for g in ours]}: build the optimizer '
+            'the same way, or load the weights alone with learn.load(path, model_only=True)'
+        )
+
 
 def _check_data(learn, state, path):
     "Resuming on other data would continue on another split: refuse, showing both fingerprints."
     saved, ours = state.get('data'), data_fingerprint(learn.train_dl)
     if saved is not None and saved != ours:
-        raise ValueError(f'checkpoint {path} was trained on other data: {saved}, but train_dl is now {ours}. Resuming '
-                         'would continue on a different split. Use the same loader, or, to continue on this data anyway, '
-                         'learn.load(path, check_data=False) and then fit without resume=')
+        raise ValueError(
+            f'checkpoint {path} was trained on other data: {saved}, but train_dl is now {ours}. Resuming '
+            'would continue on a different split. Use the same loader, or, to continue on this data anyway, '
+            'learn.load(path, check_data=False) and then fit without resume='
+        )
+
 
 def _upgrade(state):
     "Checkpoints of earlier formats, in format 3's shape: per-batch rows beside the Recorder, the parts' states by name."
@@ -305,12 +419,18 @@ def _upgrade(state):
     if 'batches' in recorder:  # format 1 kept the per-batch columns inside the Recorder's state
         columns = recorder.pop('batches')
         recorder['n_batches'] = len(columns['loss'])
-        state['batches'] = {'rows': torch.tensor([columns[c] for c in Recorder.columns], dtype=torch.float64).T.reshape(-1, ROW_WIDTH)}
+        state['batches'] = {
+            'rows': torch.tensor([columns[c] for c in Recorder.columns], dtype=torch.float64).T.reshape(-1, ROW_WIDTH)
+        }
     if 'progress' not in state:  # format 2 kept the loop's counters flat
         position = state['position']
         state['data'] = state.get('data')
-        state['progress'] = {'epoch': position['epoch'], 'step': state['step'], 'fit_start': state['fit_start'],
-                             'last_eval_step': state['last_eval_step']}
+        state['progress'] = {
+            'epoch': position['epoch'],
+            'step': state['step'],
+            'fit_start': state['fit_start'],
+            'last_eval_step': state['last_eval_step'],
+        }
         state['pass'] = {k: v for k, v in position.items() if k != 'epoch'}
         state['precision'] = {'scaler': state['scaler']} if state.get('scaler') else {}
     for kept in state['callbacks'].values() if state.get('format') != FORMAT else ():  # format 2 kept paths, not names
@@ -319,33 +439,45 @@ def _upgrade(state):
             kept['best'] = [[s, Path(p).name, r] for s, p, r in kept['best']]
     return state
 
+
 @patch_to(Learner)
-def load(learn, path, model_only=False, check_data=True, allow_changes=None, strict=False, lr_given=False, weights_only=None):
+def load(
+    learn, path, model_only=False, check_data=True, allow_changes=None, strict=False, lr_given=False, weights_only=None
+):
     """Put the state saved by `learn.save` back: everything, or with `model_only=True` the model's weights alone. Returns
     the checkpoint's contents. Every load reads the file safely (torch's `weights_only` unpickling, and more: see "What
     is safe to load"). A checkpoint of another configuration loads with a warning naming each difference (`strict=True`,
     as `resume` uses: refused) unless `allow_changes` names those parts (or is True); other data is refused unless
     `check_data=False`."""
     if weights_only is not None:  # torch's name for safe unpickling, which every load does: this meant the model alone
-        warnings.warn('learn.load(path, weights_only=...) is now learn.load(path, model_only=...): every load reads the '
-                      'file with torch\'s weights_only unpickler, whichever it is', FutureWarning, stacklevel=2)
+        warnings.warn(
+            'learn.load(path, weights_only=...) is now learn.load(path, model_only=...): every load reads the '
+            'file with torch\'s weights_only unpickler, whichever it is',
+            FutureWarning,
+            stacklevel=2,
+        )
         model_only = weights_only
     state = read_checkpoint(path, learn.device)
     _check_model(learn.model, state['model'], path)
     if model_only:
         _load_tensors(learn, state, path, optimizer=False)
         return state
-    if 'optimizer' not in state: raise ValueError(f'{path} holds weights only; use learn.load(path, model_only=True)')
+    if 'optimizer' not in state:
+        raise ValueError(f'{path} holds weights only; use learn.load(path, model_only=True)')
     return load_training_state(learn, state, path, check_data, allow_changes, strict, lr_given)
+
 
 def _check_states(learn, state, path, keys):
     "Each callback's check of the state it is about to be given: a crafted or damaged one is refused before any change."
     for key, cb_state in state['callbacks'].items():
         cb = keys.get(key)
-        if cb is None: continue
-        try: cb.check_state(cb_state)
+        if cb is None:
+            continue
+        try:
+            cb.check_state(cb_state)
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
             raise ValueError(f'{path}: the state of its callback {key} cannot be loaded: {e}') from None
+
 
 def load_training_state(learn, state, path, check_data=True, allow_changes=None, strict=False, lr_given=False):
     "Put back a state from `training_state` or a checkpoint file (`path` names it in messages), checked before any change."
@@ -353,16 +485,25 @@ def load_training_state(learn, state, path, check_data=True, allow_changes=None,
     state = _upgrade(state)
     keys = _callback_keys(learn)
     missing_cbs = [k for k in state['callbacks'] if k not in keys]
-    if missing_cbs: warnings.warn(f'checkpoint {path} has state for callbacks this Learner lacks, which is not loaded: '
-                                  f'{missing_cbs} (add them to the Learner to restore their state too)', stacklevel=2)
+    if missing_cbs:
+        warnings.warn(
+            f'checkpoint {path} has state for callbacks this Learner lacks, which is not loaded: '
+            f'{missing_cbs} (add them to the Learner to restore their state too)',
+            stacklevel=2,
+        )
     _check_optimizer(learn.opt, state, path)
-    if not check_data: allow_changes = True if allow_changes is True else {*(allow_changes or ()), 'data'}
-    elif 'config' not in state: _check_data(learn, state, path)
+    if not check_data:
+        allow_changes = True if allow_changes is True else {*(allow_changes or ()), 'data'}
+    elif 'config' not in state:
+        _check_data(learn, state, path)
     else:
         saved, ours = state['config']['data'], run_config(learn)['data']
         fingerprint = {k: v for k, v in saved.items() if k != 'examples'}
-        if (allow_changes is not True and 'data' not in (allow_changes or ())
-                and fingerprint != {k: v for k, v in ours.items() if k != 'examples'}):
+        if (
+            allow_changes is not True
+            and 'data' not in (allow_changes or ())
+            and fingerprint != {k: v for k, v in ours.items() if k != 'examples'}
+        ):
             _check_data(learn, {'data': fingerprint}, path)
     _check_run_config(learn, state, path, allow_changes, lr_given, strict)
     _check_states(learn, state, path, keys)
@@ -370,73 +511,107 @@ def load_training_state(learn, state, path, check_data=True, allow_changes=None,
     _load_tensors(learn, state, path)
     learn.lr = state['lr']
     by_rank = state.get('pass_by_rank')
-    if by_rank is not None and len(by_rank) == learn.strategy.world: state['pass'] = by_rank[learn.strategy.rank]
+    if by_rank is not None and len(by_rank) == learn.strategy.world:
+        state['pass'] = by_rank[learn.strategy.rank]
     for name, part in learn.parts().items():
-        if name in state: part.load_state_dict(state[name])
+        if name in state:
+            part.load_state_dict(state[name])
     for key, cb_state in state['callbacks'].items():
         cb = keys.get(key)
-        if cb is not None and (learn.main_process or not getattr(cb, 'main_process_only', False)): cb.load_state_dict(cb_state)
-    if rows is not None: learn.recorder.restore_batches(rows, verify)
+        if cb is not None and (learn.main_process or not getattr(cb, 'main_process_only', False)):
+            cb.load_state_dict(cb_state)
+    if rows is not None:
+        learn.recorder.restore_batches(rows, verify)
     if isinstance(rows, np.memmap):  # a save to another side file copies these rows (`_loaded_rows`)
         _loaded_from[learn.recorder] = (Path(rows.filename), len(rows), _side_crcs[_key(rows.filename)])
-    else: _loaded_from.pop(learn.recorder, None)
-    if not learn.main_process: learn.recorder.clear_since_row()  # under DDP the saved sums are every rank's: rank 0 holds them
+    else:
+        _loaded_from.pop(learn.recorder, None)
+    if not learn.main_process:
+        learn.recorder.clear_since_row()  # under DDP the saved sums are every rank's: rank 0 holds them
     return state
 
 # %% ../nbs/08_checkpoint.ipynb #152a2340
 STATE_FILE = 'state.pt'  # in a sharded checkpoint's folder: everything but the tensors of the model and the optimizer
 
+
 def _remove(path):
     "Delete a checkpoint: a file, or the folder of a sharded one."
-    if path.is_dir(): shutil.rmtree(path, ignore_errors=True)
-    else: path.unlink(missing_ok=True)
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
 
 def _save_shards(learn, state, path, batches_file):
     "Every rank writes its shards (DCP) into a hidden folder, rank 0 the rest; once all are on disk rank 0 renames it."
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
+
     tmp = path.with_name(f'.{path.name}.tmp')
     model_state, opt_state = get_state_dict(learn.model, learn.opt)
     dcp.save({'model': model_state, 'optimizer': opt_state}, checkpoint_id=tmp)  # returns when every shard is fsynced
     if learn.main_process:
-        state.update(model=None, optimizer={'param_groups': opt_state['param_groups']}, sharded=True,
-                     batches=_append_batch_rows(learn.recorder, batches_file))
+        state.update(
+            model=None,
+            optimizer={'param_groups': opt_state['param_groups']},
+            sharded=True,
+            batches=_append_batch_rows(learn.recorder, batches_file),
+        )
         _atomic_save(state, tmp / STATE_FILE)
         _remove(path)  # the same step saved again
         os.replace(tmp, path)
         dir_fd = os.open(path.parent, os.O_RDONLY)
-        try: os.fsync(dir_fd)  # make the rename itself durable
-        finally: os.close(dir_fd)
+        try:
+            os.fsync(dir_fd)  # make the rename itself durable
+        finally:
+            os.close(dir_fd)
     learn.strategy.barrier()  # no rank goes on (to read it, or to a next save) before it is in place
     return path
+
 
 def _read_shards(path):
     "A sharded checkpoint's `state.pt`, checked with its metadata and shards; the model's tensors as shapes only."
     state = read_checkpoint(path / STATE_FILE)
     meta = read_shard_metadata(path)  # DCP's own reader would unpickle it with no allow list
-    state['model'] = {k[len('model.'):]: torch.empty(m.size, dtype=m.properties.dtype, device='meta')
-                      for k, m in meta.state_dict_metadata.items() if k.startswith('model.') and hasattr(m, 'size')}
+    state['model'] = {
+        k[len('model.') :]: torch.empty(m.size, dtype=m.properties.dtype, device='meta')
+        for k, m in meta.state_dict_metadata.items()
+        if k.startswith('model.') and hasattr(m, 'size')
+    }
     state['sharded'] = True  # whatever its state.pt says: the tensors are the shards'
     return state
+
 
 def _by_name(learn, opt_state):
     "A plain optimizer state_dict keyed by parameter names, as DCP's `set_optimizer_state_dict` reads it."
     names = {id(p): n for n, p in learn.model.named_parameters()}
     order = [names[id(p)] for g in learn.opt.param_groups for p in g['params']]
-    return {'state': {order[i]: s for i, s in opt_state['state'].items()},
-            'param_groups': [{**g, 'params': [order[i] for i in g['params']]} for g in opt_state['param_groups']]}
+    return {
+        'state': {order[i]: s for i, s in opt_state['state'].items()},
+        'param_groups': [{**g, 'params': [order[i] for i in g['params']]} for g in opt_state['param_groups']],
+    }
+
 
 def _load_tensors(learn, state, path, optimizer=True):
     "The checkpoint's weights (and optimizer state) into the Learner: each rank reads what it holds of a sharded one."
     if state.get('sharded') or learn.strategy.sharded:
         import torch.distributed.checkpoint as dcp
-        def dcp_load(tensors, checkpoint_id):  # DCP's reader and planner, with nbtrainer's safe reading in place of pickle
+
+        def dcp_load(
+            tensors, checkpoint_id
+        ):  # DCP's reader and planner, with nbtrainer's safe reading in place of pickle
             with warnings.catch_warnings(), shard_errors(checkpoint_id):  # in one process DCP says so: as intended
                 warnings.filterwarnings('ignore', message='torch.distributed is disabled')
                 dcp.load(tensors, storage_reader=shard_reader(checkpoint_id), planner=shard_planner())
+
         from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions, get_model_state_dict, get_state_dict, set_model_state_dict, set_optimizer_state_dict,
-            set_state_dict)
+            StateDictOptions,
+            get_model_state_dict,
+            get_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+            set_state_dict,
+        )
     if state.get('sharded'):
         if not optimizer:
             model_state = get_model_state_dict(learn.model)
@@ -452,22 +627,28 @@ def _load_tensors(learn, state, path, optimizer=True):
             set_optimizer_state_dict(learn.model, learn.opt, _by_name(learn, state['optimizer']), options=whole)
         return
     load_plain_state_dict(learn.model, state['model'])
-    if optimizer: learn.opt.load_state_dict(state['optimizer'])
+    if optimizer:
+        learn.opt.load_state_dict(state['optimizer'])
+
 
 def plain_checkpoint(folder, path):
     "Convert the sharded checkpoint `folder` into one plain checkpoint file at `path`, which `torch.load` reads alone."
     folder, path = Path(folder), Path(path)
     state = read_checkpoint(folder)
-    if not state.get('sharded'): raise ValueError(f'{folder} is a plain checkpoint already: it needs no conversion')
+    if not state.get('sharded'):
+        raise ValueError(f'{folder} is a plain checkpoint already: it needs no conversion')
     rows, verify = _batch_rows(state, folder)
-    if verify is not None and not verify(): rows = np.zeros((0, ROW_WIDTH))
+    if verify is not None and not verify():
+        rows = np.zeros((0, ROW_WIDTH))
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = read_shards(folder)  # every shard gathered into whole tensors, in this one process, read safely
     groups = tensors['optimizer']['param_groups']
     position = {n: i for i, n in enumerate(n for g in groups for n in g['params'])}
     state['model'], state['sharded'] = tensors['model'], False
-    state['optimizer'] = {'state': {position[n]: s for n, s in tensors['optimizer']['state'].items()},
-                          'param_groups': [{**g, 'params': [position[n] for n in g['params']]} for g in groups]}
+    state['optimizer'] = {
+        'state': {position[n]: s for n, s in tensors['optimizer']['state'].items()},
+        'param_groups': [{**g, 'params': [position[n] for n in g['params']]} for g in groups],
+    }
     state['batches'] = None if rows is None else {'rows': torch.from_numpy(np.array(rows))}  # no side file: a copy
     _atomic_save(state, path)
     return path
@@ -475,13 +656,16 @@ def plain_checkpoint(folder, path):
 # %% ../nbs/08_checkpoint.ipynb #8b6759d2
 def _count(name, value, least):
     "An int >= `least` (None allowed), checked when a Checkpointer is made rather than mid-fit."
-    if value is None: return None
+    if value is None:
+        return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
         raise ValueError(f'{name} must be an int >= {least} or None, got {value!r}')
     return int(value)
 
+
 class Checkpointer(Callback):
     "Save during fit: every N steps and/or every epoch (keep the last K) and the best N by a monitored metric."
+
     order = Order.SAVE
     run_valid = False  # it saves after training batches, epochs and evaluations
     side_effects = True  # it writes files (under DDP every rank takes part in a save; rank 0 writes)
@@ -489,9 +673,20 @@ class Checkpointer(Callback):
     BATCHES = 'batches.f64'  # the append-only side file of the Recorder's per-batch rows, in the folder
     LOCK = '.lock'  # held by the process that writes the folder
 
-    def __init__(self, folder=None, every_steps=None, every_epoch=True, keep_last=2, monitor=None, mode='min',
-                 keep_best=1, every_eval=False, keep_evals=None):
-        if mode not in ('min', 'max'): raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+    def __init__(
+        self,
+        folder=None,
+        every_steps=None,
+        every_epoch=True,
+        keep_last=2,
+        monitor=None,
+        mode='min',
+        keep_best=1,
+        every_eval=False,
+        keep_evals=None,
+    ):
+        if mode not in ('min', 'max'):
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
         self.every_steps = _count('every_steps', every_steps, 1)
         self.keep_last, self.keep_best = _count('keep_last', keep_last, 0), _count('keep_best', keep_best, 0)
         self.every_eval, self.keep_evals = bool(every_eval), _count('keep_evals', keep_evals, 1)
@@ -500,43 +695,59 @@ class Checkpointer(Callback):
         self._monitor_asked = monitor  # None: valid_loss, or train_loss in a fit without validation data
         self._folder = None if folder is None else Path(folder)
         self.every_epoch, self.monitor, self.mode = bool(every_epoch), monitor or 'valid_loss', mode
-        self.last, self.kept_best, self.evals = [], [], []  # [name]; [(score, name, row)], best first; [name]: in the folder
+        self.last, self.kept_best, self.evals = (
+            [],
+            [],
+            [],
+        )  # [name]; [(score, name, row)], best first; [name]: in the folder
         self._lock = None
 
     @property
     def folder(self):
         "The folder: the one given, or one per configuration, `runs/checkpoints/<model>-<hash of run_config>`."
-        if self._folder is not None: return self._folder
-        if self.learn is None: raise ValueError('Checkpointer() without a folder picks one per configuration: attach it to a '
-                                                'Learner first, or give the folder')
+        if self._folder is not None:
+            return self._folder
+        if self.learn is None:
+            raise ValueError(
+                'Checkpointer() without a folder picks one per configuration: attach it to a '
+                'Learner first, or give the folder'
+            )
         config = run_config(self.learn)
         digest = hashlib.sha256(repr(sorted(config.items())).encode()).hexdigest()[:10]
         return Path('runs/checkpoints') / f'{config["model"]}-{digest}'
 
-    def _path(self, name): return self.folder / name
+    def _path(self, name):
+        return self.folder / name
 
     def claim(self):
         "The fit starts: lock the folder before any callback opens a file (a refused process writes nothing)."
-        if not self.learn.main_process: return  # under DDP rank 0 alone writes
+        if not self.learn.main_process:
+            return  # under DDP rank 0 alone writes
         self._folder = self.folder  # fixed for the fit, whatever it changes
         writable_folder(self._folder, type(self).__name__)  # now, not at the first save after an epoch of training
         self._take_lock()
-        for leftover in self._folder.glob('.*.pt.tmp'): _remove(leftover)  # half-written by a killed run
+        for leftover in self._folder.glob('.*.pt.tmp'):
+            _remove(leftover)  # half-written by a killed run
 
     def before_fit(self):
-        if self.keep_best: self.monitor = check_monitor(self.learn, 'Checkpointer', self._monitor_asked)
+        if self.keep_best:
+            self.monitor = check_monitor(self.learn, 'Checkpointer', self._monitor_asked)
 
     def _take_lock(self):
         "One writer per folder: a second process writing the same run would delete or overwrite its files."
-        if self._lock is not None: return
+        if self._lock is not None:
+            return
         f = open(self._folder / self.LOCK, 'a+')
-        try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.seek(0)
             holder = ascii(f.read(200).strip()).strip("'") or 'another process'  # the file's words, shown as text only
             f.close()
-            raise RuntimeError(f'{self._folder} is being written by {holder}: two runs writing one checkpoint folder would '
-                               'delete each other\'s files. Give this run a folder of its own, or wait for the other to end') from None
+            raise RuntimeError(
+                f'{self._folder} is being written by {holder}: two runs writing one checkpoint folder would '
+                'delete each other\'s files. Give this run a folder of its own, or wait for the other to end'
+            ) from None
         f.seek(0)
         f.truncate()
         f.write(f'process {os.getpid()} on {socket.gethostname()}')
@@ -544,59 +755,74 @@ class Checkpointer(Callback):
         self._lock = f
 
     def release(self):
-        if self._lock is not None: self._lock.close()  # closing releases the lock
+        if self._lock is not None:
+            self._lock.close()  # closing releases the lock
         self._lock = None
 
-    def _files(self): return set(self.last) | {b[1] for b in self.kept_best} | set(self.evals)
+    def _files(self):
+        return set(self.last) | {b[1] for b in self.kept_best} | set(self.evals)
 
     def _save(self, name, keep):
         "Record what is kept with the new file (`keep(name)`) before saving it, so its own state lists it; then remove what it displaced."
         before = self._files()
         keep(name)
-        if name in self._files(): self.learn.save(self._path(name), batches_file=self._path(self.BATCHES))
+        if name in self._files():
+            self.learn.save(self._path(name), batches_file=self._path(self.BATCHES))
         if self.learn.main_process:  # under DDP only rank 0 touches files, and only in its own folder
-            for old in before - self._files(): _remove(self._path(old))
+            for old in before - self._files():
+                _remove(self._path(old))
 
     def _keep_last(self, name):
-        self.last = ([n for n in self.last if n != name] + [name])[-self.keep_last:] if self.keep_last else []
+        self.last = ([n for n in self.last if n != name] + [name])[-self.keep_last :] if self.keep_last else []
 
     def after_batch(self):  # at a window's end only: a checkpoint inside one would lose its micro-batches' gradients
-        if self.every_steps and not self.learn.accumulating and self.learn.step % self.every_steps == 0: self.save_step()
+        if self.every_steps and not self.learn.accumulating and self.learn.step % self.every_steps == 0:
+            self.save_step()
 
     def save_step(self):
         "Save `step-<N>.pt` now (once per step), kept by the keep-last rule: at a step boundary, so it resumes exactly."
         learn = self.learn
-        if learn.step == getattr(self, '_saved_step', None): return
+        if learn.step == getattr(self, '_saved_step', None):
+            return
         self._saved_step = learn.step
         self._save(f'step-{learn.step}.pt', self._keep_last)
 
     def after_epoch(self):
-        if self.every_epoch and self.learn.progress.epoch_done: self._save(f'epoch-{self.learn.epoch}.pt', self._keep_last)
+        if self.every_epoch and self.learn.progress.epoch_done:
+            self._save(f'epoch-{self.learn.epoch}.pt', self._keep_last)
 
     def _keep_eval(self, name):
         kept = [n for n in self.evals if n != name] + [name]
-        self.evals = kept[-self.keep_evals:] if self.keep_evals else kept
+        self.evals = kept[-self.keep_evals :] if self.keep_evals else kept
 
     def after_eval(self):
         learn = self.learn
-        if self.every_eval: self._save(f'eval-{learn.step}.pt', self._keep_eval)  # fork points on disk (learn.fork)
-        if not self.keep_best: return
+        if self.every_eval:
+            self._save(f'eval-{learn.step}.pt', self._keep_eval)  # fork points on disk (learn.fork)
+        if not self.keep_best:
+            return
         row, value = learn.eval_row, monitored_value(learn.eval_row, self.monitor)
         if value is None:
             raise ValueError(f'Checkpointer monitors {self.monitor!r}, but the history has only {sorted(row)}')
         score = value if self.mode == 'min' else -value
-        score = learn.strategy.broadcast_object(score)  # rank 0's: every rank makes the same decision (train_loss is per rank)
-        if math.isnan(score) or (len(self.kept_best) >= self.keep_best and score >= self.kept_best[-1][0]): return
+        score = learn.strategy.broadcast_object(
+            score
+        )  # rank 0's: every rank makes the same decision (train_loss is per rank)
+        if math.isnan(score) or (len(self.kept_best) >= self.keep_best and score >= self.kept_best[-1][0]):
+            return
         entry = lambda name: (score, name, {k: v for k, v in row.items() if k != 'time'})
+
         def keep(name):
             ranked = sorted([b for b in self.kept_best if b[1] != name] + [entry(name)], key=lambda b: b[0])
-            self.kept_best = ranked[:self.keep_best]
+            self.kept_best = ranked[: self.keep_best]
+
         self._save(f'best-{learn.step}.pt', keep)
 
     def latest(self):
         "The newest intact checkpoint this callback kept or, in a fresh process, in its folder; None if there is none."
         files = [self._path(n) for n in self.last + [b[1] for b in self.kept_best] if self._path(n).exists()]
-        if files: return str(max(files, key=os.path.getmtime))
+        if files:
+            return str(max(files, key=os.path.getmtime))
         found = _newest_readable(self.folder, warn=False)
         return str(found) if found is not None else None
 
@@ -613,20 +839,33 @@ class Checkpointer(Callback):
 
     def _kept(self):
         "What this callback kept, as paths: in memory, or as the newest intact checkpoint in its folder recorded it."
-        if self.last or self.kept_best or (self.learn is not None and self.learn.fitting): kept = self.state_dict()
+        if self.last or self.kept_best or (self.learn is not None and self.learn.fitting):
+            kept = self.state_dict()
         else:
             newest = _newest_readable(self.folder, warn=False)
             state = _upgrade(read_checkpoint(newest)) if newest is not None else {'callbacks': {}}
-            found = next((st for st in state['callbacks'].values() if {'last', 'best'} <= set(st)), {'last': [], 'best': []})
-            try: self.check_state(found)
-            except ValueError as e: raise ValueError(f'{newest}: {e}') from None
+            found = next(
+                (st for st in state['callbacks'].values() if {'last', 'best'} <= set(st)), {'last': [], 'best': []}
+            )
+            try:
+                self.check_state(found)
+            except ValueError as e:
+                raise ValueError(f'{newest}: {e}') from None
             kept = found
-        intact = lambda name: self._path(name).exists() and _readable(self._path(name))  # a deleted or corrupt file is not kept
-        return {'last': [str(self._path(n)) for n in kept['last'] if intact(n)],
-                'best': [(s, str(self._path(n)), r) for s, n, r in kept['best'] if intact(n)]}
+        intact = lambda name: (
+            self._path(name).exists() and _readable(self._path(name))
+        )  # a deleted or corrupt file is not kept
+        return {
+            'last': [str(self._path(n)) for n in kept['last'] if intact(n)],
+            'best': [(s, str(self._path(n)), r) for s, n, r in kept['best'] if intact(n)],
+        }
 
     def state_dict(self):
-        return {'last': list(self.last), 'best': [[s, n, dict(r)] for s, n, r in self.kept_best], 'evals': list(self.evals)}
+        return {
+            'last': list(self.last),
+            'best': [[s, n, dict(r)] for s, n, r in self.kept_best],
+            'evals': list(self.evals),
+        }
 
     def check_state(self, state):
         "The files a state keeps are names in this folder: checked, since rotation deletes the ones it drops."
@@ -636,7 +875,8 @@ class Checkpointer(Callback):
             if not (isinstance(score, numbers.Real) and isinstance(row, dict)):
                 raise ValueError(f'its Checkpointer.best entry {entry!r} is not (score, name, row)')
             names.append(('best', name))
-        for field, name in names: bare_name(name, CHECKPOINT_NAME, 'the checkpoint', f'Checkpointer.{field}')
+        for field, name in names:
+            bare_name(name, CHECKPOINT_NAME, 'the checkpoint', f'Checkpointer.{field}')
 
     def load_state_dict(self, state):
         self.check_state(state)
@@ -652,28 +892,37 @@ class Checkpointer(Callback):
 # %% ../nbs/08_checkpoint.ipynb #2fe7cabc
 def _checkpointer(learn):
     found = [cb for cb in learn.cbs if getattr(cb, 'keeps_checkpoints', False)]
-    if not found: raise ValueError('this Learner has no Checkpointer callback: pass resume=<path> instead')
+    if not found:
+        raise ValueError('this Learner has no Checkpointer callback: pass resume=<path> instead')
     return found[0]
 
+
 @patch_to(Learner)
+@fills('resume')
 def resume(learn, checkpoint=True, allow_changes=None, lr_given=False):
-    "What `fit(resume=...)` does: load the newest intact checkpoint of the Learner's `Checkpointer` (True), or the file `checkpoint`."
+    "The Learner's `resume` hook (`fit(resume=...)`): load its `Checkpointer`'s newest intact checkpoint, or a file"
     learn.strategy.barrier()  # every checkpoint rank 0 was writing is on disk
     if checkpoint is True:
         path = _newest_readable(_checkpointer(learn).folder) if learn.main_process else None
         path = learn.strategy.broadcast_object(path)  # rank 0's choice: every rank resumes from the same file
-        if path is None: return None  # nothing saved yet: start afresh
-    else: path = checkpoint
+        if path is None:
+            return None  # nothing saved yet: start afresh
+    else:
+        path = checkpoint
     return learn.load(path, allow_changes=allow_changes, strict=True, lr_given=lr_given)
+
 
 def _newest_first(folder):
     return sorted(Path(folder).glob('*.pt'), key=os.path.getmtime, reverse=True) if Path(folder).is_dir() else []
+
 
 def _readable(path):
     try:
         read_checkpoint(path)
         return True
-    except (ValueError, OSError): return False
+    except (ValueError, OSError):
+        return False
+
 
 def _newest_readable(folder, warn=True):
     "The newest checkpoint in `folder` that reads whole and passes its checksums; each one skipped is named in a warning."
@@ -682,12 +931,15 @@ def _newest_readable(folder, warn=True):
             read_checkpoint(path)
             return path
         except (ValueError, OSError) as e:
-            if warn: warnings.warn(f'resume=True skipped {path}: {e}', stacklevel=4)
+            if warn:
+                warnings.warn(f'resume=True skipped {path}: {e}', stacklevel=4)
     return None
+
 
 @patch_to(Learner)
 def load_best(learn):
     "Load the weights of the best intact checkpoint that the Learner's `Checkpointer` kept (read from its folder if need be)."
     best = _checkpointer(learn).best()
-    if best is None: raise ValueError('the Checkpointer has kept no best checkpoint yet')
+    if best is None:
+        raise ValueError('the Checkpointer has kept no best checkpoint yet')
     return learn.load(best, model_only=True)

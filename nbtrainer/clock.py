@@ -13,19 +13,29 @@ import contextlib, threading, time
 # %% ../nbs/00g_clock.ipynb #5146a3b0
 class Clock:
     "The real clock: `now()` for durations (monotonic seconds), `wall()` for timestamps (seconds since the epoch)."
-    def now(self): return time.perf_counter()
-    def wall(self): return time.time()
-    def sleep(self, seconds): time.sleep(seconds)
+
+    def now(self):
+        return time.perf_counter()
+
+    def wall(self):
+        return time.time()
+
+    def sleep(self, seconds):
+        time.sleep(seconds)
+
 
 _current = Clock()
+
 
 def now():
     "Monotonic seconds from the clock in use: subtract two readings for a duration."
     return _current.now()
 
+
 def wall():
     "Seconds since the epoch from the clock in use: a timestamp a file or a database keeps."
     return _current.wall()
+
 
 def sleep(seconds):
     "Wait `seconds` on the clock in use (a `FakeClock` advances instead of waiting)."
@@ -34,24 +44,33 @@ def sleep(seconds):
 # %% ../nbs/00g_clock.ipynb #c82dd918
 class FakeClock(Clock):
     "A clock that moves only when told: `advance(seconds)`, or `sleep`, which advances instead of waiting."
+
     def __init__(self, start=0.0, wall_start=1_700_000_000.0):
         self.t, self.wall_offset, self._lock = float(start), wall_start - start, threading.Lock()
 
-    def now(self): return self.t
-    def wall(self): return self.t + self.wall_offset
+    def now(self):
+        return self.t
+
+    def wall(self):
+        return self.t + self.wall_offset
 
     def advance(self, seconds):
         "Move the clock on by `seconds` (>= 0); returns the new time."
-        if not seconds >= 0: raise ValueError(f'a clock moves forward only: advance({seconds!r})')
-        with self._lock: self.t += seconds
+        if not seconds >= 0:
+            raise ValueError(f'a clock moves forward only: advance({seconds!r})')
+        with self._lock:
+            self.t += seconds
         return self.t
 
     sleep = advance
+
 
 @contextlib.contextmanager
 def use_clock(clock):
     "Make `clock` the one every feature reads inside the block (process-wide, as time is), then put back the one before."
     global _current
     saved, _current = _current, clock
-    try: yield clock
-    finally: _current = saved
+    try:
+        yield clock
+    finally:
+        _current = saved

@@ -21,6 +21,7 @@ from .progress import brief_traceback, current_kernel
 # %% ../nbs/16_control.ipynb #7e7420cb
 class Controls(Callback):
     "Requests from any thread (stop, pause, lr, save), carried out by the training thread at the next step boundary, at once while paused."
+
     order = Order.CONTROL  # last: the displays have shown the batch before a pause holds it
     side_effects = True  # it takes requests from outside, and saves checkpoints
 
@@ -64,7 +65,8 @@ class Controls(Callback):
         self._one_process_only('set_lr')
         lr = hyperparameter('lr', lr)  # a bad value fails here, in the caller's thread, not in the training loop
         current = self._lr if self._lr is not None else getattr(self.learn, 'lr', None)
-        if lr == current: return  # the same lr again (Set LR after Enter sent it): one request, not two
+        if lr == current:
+            return  # the same lr again (Set LR after Enter sent it): one request, not two
         self._lr = lr
         self._wake.set()
 
@@ -79,43 +81,55 @@ class Controls(Callback):
             raise ValueError(f'Controls.{what}() works in one process only; under DDP only stop() reaches every rank')
 
     @property
-    def paused(self): return not self._running.is_set()
+    def paused(self):
+        return not self._running.is_set()
 
     # ---- carried out by the training thread ----
     def before_fit(self):
         self._reset()
-        for key in ('paused', 'lr', 'saved', 'stopping'): self.learn.status.pop(key, None)  # the last fit's feedback
+        for key in ('paused', 'lr', 'saved', 'stopping'):
+            self.learn.status.pop(key, None)  # the last fit's feedback
         self.learn.controls = self  # the running fit's controls: the dashboard and learn.dashboard() find them here
 
     def after_batch(self):
-        if self._stop.is_set(): self._stop_now()
-        if self.learn.training and not self.learn.accumulating: self._at_step_boundary()
+        if self._stop.is_set():
+            self._stop_now()
+        if self.learn.training and not self.learn.accumulating:
+            self._at_step_boundary()
 
     def after_eval(self):
-        if self._stop.is_set(): self._stop_now()
+        if self._stop.is_set():
+            self._stop_now()
         self._at_step_boundary()
 
     def _at_step_boundary(self):
         self._carry_out()
-        if not self._running.is_set(): self._hold()
+        if not self._running.is_set():
+            self._hold()
 
     def _carry_out(self):
         "The requests waiting: a new lr, a checkpoint."
-        if self._lr is not None: self._apply_lr()
-        if self._save: self._save_now()
+        if self._lr is not None:
+            self._apply_lr()
+        if self._save:
+            self._save_now()
 
     def _note(self, action, value, status_key, status):
         "Log a request carried out, post its feedback for the displays, and tell the listeners."
         self.log.append((self.learn.step, action, value))
-        if status_key: self.learn.status[status_key] = status
-        for listener in list(self.listeners): listener()
+        if status_key:
+            self.learn.status[status_key] = status
+        for listener in list(self.listeners):
+            listener()
 
     def _stop_now(self):
         self._stop.clear()  # requested once; under DDP every rank stops at the next stop check
         self._carry_out()  # what was asked before the Stop is not lost
         self._note('stop', self._reason, 'stopping', f'at step {self.learn.step}')
-        if self.learn.distributed: return request_stop(self.learn)
-        if self._interrupt: raise KeyboardInterrupt()  # the fit ends as interrupted, after_fit included
+        if self.learn.distributed:
+            return request_stop(self.learn)
+        if self._interrupt:
+            raise KeyboardInterrupt()  # the fit ends as interrupted, after_fit included
         raise CancelFitException(self._reason)
 
     def _apply_lr(self):
@@ -126,8 +140,9 @@ class Controls(Callback):
     def _save_now(self):
         self._save = None
         learn = self.learn
-        folder = self.save_dir or next((cb.folder for cb in learn.cbs if getattr(cb, 'keeps_checkpoints', False)),
-                                       'runs/checkpoints')
+        folder = self.save_dir or next(
+            (cb.folder for cb in learn.cbs if getattr(cb, 'keeps_checkpoints', False)), 'runs/checkpoints'
+        )
         path = learn.save(Path(folder) / f'manual-step{learn.step}.pt')
         shown = path.resolve().relative_to(Path.cwd()) if path.resolve().is_relative_to(Path.cwd()) else path
         self._note('save', str(path), 'saved', str(shown))  # with its folder: where to find it
@@ -141,38 +156,75 @@ class Controls(Callback):
                     self._wake.wait(0.1)  # woken by any request; short waits, so a kernel interrupt is not held up
                     self._wake.clear()
                     self._carry_out()  # Save and Set LR while paused: at once, at this step boundary
-            finally: learn.status.pop('paused', None)
+            finally:
+                learn.status.pop('paused', None)
         self._note('resume', None, None, None)
-        if self._stop.is_set(): self._stop_now()
+        if self._stop.is_set():
+            self._stop_now()
 
     def after_cancel_fit(self):
         "The fit ends early: requests still waiting are carried out if it stopped; after an interrupt or an error the state may be half-updated, so no checkpoint."
-        if self.learn.fit_outcome == 'stopped': return self._carry_out()
-        if self._lr is not None: self._apply_lr()
+        if self.learn.fit_outcome == 'stopped':
+            return self._carry_out()
+        if self._lr is not None:
+            self._apply_lr()
         if self._save:
             self._save = None
-            self._note('save', None, 'saved', 'nothing: the fit ' + {'failed': 'failed'}.get(self.learn.fit_outcome, 'was interrupted'))
+            self._note(
+                'save',
+                None,
+                'saved',
+                'nothing: the fit ' + {'failed': 'failed'}.get(self.learn.fit_outcome, 'was interrupted'),
+            )
 
     def after_fit(self):
-        if self.learn.fit_outcome in ('finished', 'stopped'): self._carry_out()  # one that came at the very end
-        if getattr(self.learn, 'controls', None) is self: self.learn.controls = None
+        if self.learn.fit_outcome in ('finished', 'stopped'):
+            self._carry_out()  # one that came at the very end
+        if getattr(self.learn, 'controls', None) is self:
+            self.learn.controls = None
 
 # %% ../nbs/16_control.ipynb #785da648
 @patch_to(Learner)
-def fit_async(learn, epochs=None, *, steps=None, steps_per_epoch=None, eval_every=None, eval_subset=None, cbs=(), lr=None,
-              reset_opt=False, resume=None, allow_changes=None):
+def fit_async(
+    learn,
+    epochs=None,
+    *,
+    steps=None,
+    steps_per_epoch=None,
+    eval_every=None,
+    eval_subset=None,
+    cbs=(),
+    lr=None,
+    reset_opt=False,
+    resume=None,
+    allow_changes=None,
+):
     "Start `fit` in a worker thread and return, once it has begun, an awaitable of its result: `await` it to wait, or let it train in the background."
-    if learn.fitting: raise RuntimeError('a fit is already running on this Learner: wait for it to end, or stop it first')
+    if learn.fitting:
+        raise RuntimeError('a fit is already running on this Learner: wait for it to end, or stop it first')
     controls = next((cb for cb in learn.cbs if isinstance(cb, Controls)), None)  # the Learner's own, if any
     own = [] if controls is not None else [controls := Controls()]  # else one for this fit only
     done, started = concurrent.futures.Future(), threading.Event()
 
     def work():
         _RUNNING.add(controls)  # the kernel's interrupt button ends it, even in the background
-        try: done.set_result(learn.fit(epochs, steps=steps, steps_per_epoch=steps_per_epoch, eval_every=eval_every,
-                                       eval_subset=eval_subset, cbs=[*cbs, *own, _Started(started)], lr=lr,
-                                       reset_opt=reset_opt, resume=resume, allow_changes=allow_changes))
-        except BaseException as e: done.set_exception(e)
+        try:
+            done.set_result(
+                learn.fit(
+                    epochs,
+                    steps=steps,
+                    steps_per_epoch=steps_per_epoch,
+                    eval_every=eval_every,
+                    eval_subset=eval_subset,
+                    cbs=[*cbs, *own, _Started(started)],
+                    lr=lr,
+                    reset_opt=reset_opt,
+                    resume=resume,
+                    allow_changes=allow_changes,
+                )
+            )
+        except BaseException as e:
+            done.set_exception(e)
         finally:
             _RUNNING.discard(controls)
             started.set()  # a fit that failed before it began
@@ -183,13 +235,17 @@ def fit_async(learn, epochs=None, *, steps=None, steps_per_epoch=None, eval_ever
     thread.start()
     started.wait()  # the fit has begun (the dashboard is shown) before the caller goes on
     waiting = _wait_for_fit(learn, done, thread, controls)
-    try: loop = asyncio.get_running_loop()
-    except RuntimeError: return waiting  # no loop yet (a script): asyncio.run(...) awaits it
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return waiting  # no loop yet (a script): asyncio.run(...) awaits it
     task = loop.create_task(waiting)  # already training: await the task, or let the fit run in the background
     task.add_done_callback(lambda t: t.cancelled() or t.exception())  # in the background, its end is the summary's
     return task
 
+
 _RUNNING = set()  # the Controls of the fits `fit_async` runs
+
 
 def _end_background_fits_on_kernel_interrupt():
     """Make the kernel's interrupt button end the fits running in the background. An idle ipykernel ignores SIGINT: it
@@ -198,19 +254,31 @@ def _end_background_fits_on_kernel_interrupt():
     KeyboardInterrupt (an awaited fit is then cancelled, and interrupted by `_wait_for_fit`)."""
     kernel = current_kernel()
     previous = getattr(kernel, 'saved_sigint_handler', None)
-    if previous is None or getattr(previous, 'ends_fits', False): return  # not in ipykernel, or done already
+    if previous is None or getattr(previous, 'ends_fits', False):
+        return  # not in ipykernel, or done already
+
     def on_interrupt(signum, frame):
         if _RUNNING:
-            for controls in list(_RUNNING): controls.interrupt()
-        elif callable(previous): previous(signum, frame)
+            for controls in list(_RUNNING):
+                controls.interrupt()
+        elif callable(previous):
+            previous(signum, frame)
+
     on_interrupt.ends_fits = True
     kernel.saved_sigint_handler = on_interrupt
 
+
 class _Started(Callback):
     "Tells `fit_async` that the fit has begun: every other callback's `before_fit` has run."
+
     order = Order.CONTROL + 1
-    def __init__(self, event): self.event = event
-    def before_fit(self): self.event.set()
+
+    def __init__(self, event):
+        self.event = event
+
+    def before_fit(self):
+        self.event.set()
+
 
 async def _wait_for_fit(learn, done, thread, controls):
     """Wait for the fit in `thread`, waking often: Jupyter delivers an interrupt (a cancel) only when the loop wakes, and
@@ -222,7 +290,8 @@ async def _wait_for_fit(learn, done, thread, controls):
     try:
         while not result.done():
             await asyncio.wait([result], timeout=0.1)
-            if cell: _tell_waiting_cells(kernel, cell, controls, told)
+            if cell:
+                _tell_waiting_cells(kernel, cell, controls, told)
         return result.result()
     except asyncio.CancelledError as e:  # Jupyter's interrupt cancels the await
         controls.interrupt()
@@ -233,12 +302,15 @@ async def _wait_for_fit(learn, done, thread, controls):
     except Exception as e:  # the fit failed: one line, not asyncio's internals (an error before it started: as is)
         raise brief_traceback(e, learn) if e is learn.fit_exception else e
 
+
 _SENT_WITH = 2.0  # seconds: cells sent this soon after the fit's cell were sent with it (Run All, a few Shift+Enters)
+
 
 def _sent_at(header):
     "When the front end sent a request: its header's date (a datetime, or ISO text before it is parsed)."
     date = header.get('date')
     return date if isinstance(date, datetime) else datetime.fromisoformat(str(date).replace('Z', '+00:00'))
+
 
 def _cells_waiting(kernel, cell):
     """The execute requests queued behind `cell` (the header of the cell that started the fit) while that cell runs,
@@ -250,33 +322,47 @@ def _cells_waiting(kernel, cell):
     for task in asyncio.all_tasks():
         coro = task.get_coro()
         frame = getattr(coro, 'cr_frame', None)
-        if frame is None or getattr(coro, 'cr_code', None) is None or coro.cr_code.co_name != 'shell_main': continue
+        if frame is None or getattr(coro, 'cr_code', None) is None or coro.cr_code.co_name != 'shell_main':
+            continue
         try:  # the header only, unpacked without the session's signature check (a message is checked once, when run)
             _, parts = kernel.session.feed_identities(frame.f_locals['msg'], copy=False)
             header = kernel.session.unpack(getattr(parts[1], 'bytes', parts[1]))
             later = (_sent_at(header) - _sent_at(cell)).total_seconds() > _SENT_WITH
-            if header.get('msg_id') == cell.get('msg_id'): running = True
-            elif header.get('msg_type') == 'execute_request' and later: waiting.append({'header': header})
-        except Exception: continue
+            if header.get('msg_id') == cell.get('msg_id'):
+                running = True
+            elif header.get('msg_type') == 'execute_request' and later:
+                waiting.append({'header': header})
+        except Exception:
+            continue
     return waiting if running else []
 
-_WAITING = ('<p style="margin:4px 0"><b>This cell waits for the fit that <code>await learn.fit_async(...)</code> runs in '
-            'another cell</b>: it runs when that fit ends (interrupting the kernel ends the fit). {shown} To keep the kernel '
-            'free while training, start fits in the background: <code>task = learn.fit_async(...)</code>, then '
-            '<code>await task</code> in the cell that needs the result.</p>')
+
+_WAITING = (
+    '<p style="margin:4px 0"><b>This cell waits for the fit that <code>await learn.fit_async(...)</code> runs in '
+    'another cell</b>: it runs when that fit ends (interrupting the kernel ends the fit). {shown} To keep the kernel '
+    'free while training, start fits in the background: <code>task = learn.fit_async(...)</code>, then '
+    '<code>await task</code> in the cell that needs the result.</p>'
+)
+
 
 def _tell_waiting_cells(kernel, cell, controls, told):
     "Tell each cell newly queued behind `cell` that it waits for the fit, in its own output; the hooks show more there."
     for request in _cells_waiting(kernel, cell):
-        if request['header']['msg_id'] in told: continue
+        if request['header']['msg_id'] in told:
+            continue
         told.add(request['header']['msg_id'])
-        try: contextvars.copy_context().run(_in_cell, kernel, request, controls)
-        except Exception as e: print(f'nbtrainer: could not show the fit in a waiting cell: {e}', file=sys.stderr)
+        try:
+            contextvars.copy_context().run(_in_cell, kernel, request, controls)
+        except Exception as e:
+            print(f'nbtrainer: could not show the fit in a waiting cell: {e}', file=sys.stderr)
+
 
 def _in_cell(kernel, request, controls):
     "In the output of the queued cell `request`: a note, then what `controls.waiting` shows (the live dashboard)."
     from IPython.display import display
+
     kernel.shell.display_pub.set_thread_parent(request)  # in this context only: its displays go to that cell
     note = _WAITING.format(shown='Its live dashboard is below, with working controls.' if controls.waiting else '')
     display({'text/html': note, 'text/plain': html.unescape(re.sub(r'<[^>]+>', '', note))}, raw=True)
-    for hook in list(controls.waiting): hook(request)
+    for hook in list(controls.waiting):
+        hook(request)

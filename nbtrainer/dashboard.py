@@ -15,16 +15,26 @@ from . import clock
 from .callback import Callback, Order, dispatch_tables
 from .checks import hyperparameter
 from .control import Controls
-from .core import Learner, patch_to
+from .core import Learner, fills, patch_to
 from .liveplot import LivePlot
 from .metrics import metric_name
-from .progress import (ProgressCallback, brief_traceback, current_kernel, describe_ending, display_widget,
-                                format_header, format_row, in_jupyter, widget_bundle)
+from nbtrainer.progress import (
+    ProgressCallback,
+    brief_traceback,
+    current_kernel,
+    describe_ending,
+    display_widget,
+    format_header,
+    format_row,
+    in_jupyter,
+    widget_bundle,
+)
 from .render import DISPLAY_DPI, FIGURE_SIZE, Renderer
 
 # %% ../nbs/17_dashboard.ipynb #1fe5608f
 class _Bars(ProgressCallback):
     "ProgressCallback's counts, drawn by the dashboard as HTML: their refresh is its tick; rows go to its table."
+
     def __init__(self, dashboard, refresh):
         super().__init__(refresh=refresh)
         self.dashboard, self._spares = dashboard, {}
@@ -35,6 +45,7 @@ class _Bars(ProgressCallback):
             bar.reset(total=kwargs.get('total'))
             return bar
         from tqdm import tqdm
+
         return tqdm(desc=desc, file=_Nowhere(), **kwargs)  # counts and times: the dashboard draws it (`_bar_html`)
 
     def after_batch(self):  # one clock read a batch for the whole dashboard: the bars' refresh is its tick
@@ -48,169 +59,250 @@ class _Bars(ProgressCallback):
     def shown(self):
         "The bars on show, in their slots' order: epoch, train (kept between phases), valid (while validating)."
         train = self.batch_bar or self._spares.get('train')
-        return [(desc, bar) for desc, bar in (('epoch', self.epoch_bar), ('train', train), ('valid', self.valid_bar))
-                if bar is not None]
+        return [
+            (desc, bar)
+            for desc, bar in (('epoch', self.epoch_bar), ('train', train), ('valid', self.valid_bar))
+            if bar is not None
+        ]
 
     def after_train(self):
         self._show()
         self._spares['train'], self.batch_bar = self.batch_bar, None  # it stays, counting again at the next phase
 
     def after_validate(self):
-        if self._refresh != self._show_valid: return
-        if self.valid_bar is not None: self._spares['valid'] = self.valid_bar  # off the page until the next validation
+        if self._refresh != self._show_valid:
+            return
+        if self.valid_bar is not None:
+            self._spares['valid'] = self.valid_bar  # off the page until the next validation
         self.valid_bar, self._pending, self._refresh = None, self._train_pending, self._show
 
-    def _write_row(self, row, keys): self.dashboard._add_row(row)
+    def _write_row(self, row, keys):
+        self.dashboard._add_row(row)
 
     def after_fit(self):
         epoch_bar, self.epoch_bar = self.epoch_bar, None  # the summary says how the fit ended: no line printed
         super().after_fit()
-        if epoch_bar is not None: epoch_bar.close()
-        for bar in self._spares.values(): bar.close()
+        if epoch_bar is not None:
+            epoch_bar.close()
+        for bar in self._spares.values():
+            bar.close()
         self._spares = {}
+
 
 class _Nowhere:
     "A file that drops what is written: the dashboard's bars count, and the dashboard draws them."
-    def write(self, text): pass
-    def flush(self): pass
+
+    def write(self, text):
+        pass
+
+    def flush(self):
+        pass
+
 
 class _Plot(LivePlot):
     "LivePlot whose frames go to the dashboard's figure (and to `path`, if given)."
+
     def __init__(self, dashboard, **kwargs):
         super().__init__(**kwargs)
         self.dashboard = dashboard
 
-    def _outputs(self): return False, (Path(self.path) if self.path is not None else None)  # the dashboard, not inline
+    def _outputs(self):
+        return False, (Path(self.path) if self.path is not None else None)  # the dashboard, not inline
 
     def show(self, png, step=None, final=False):
         self.dashboard._show_frame(png, step, final)
         super().show(png, step, final)
 
 # %% ../nbs/17_dashboard.ipynb #4dea96df
-_HINT = ('Stop, Pause, Save and a new LR come with <code>learn.fit_async(...)</code>: a plain <code>fit</code> '
-         'keeps the kernel busy until it ends. To stop this fit, interrupt the kernel.')
-_HTML_HINT = ('Controls, from any cell while the fit runs in the background: <code>learn.controls.pause()</code>, '
-              '<code>.resume()</code>, <code>.set_lr(lr)</code>, <code>.save()</code>, <code>.stop()</code>')
-_CONTROLS_TEXT = ('Controls of the running fit: Stop, Pause, Save, LR. Without widgets, from any cell: '
-                  'learn.controls.stop(), .pause(), .resume(), .set_lr(lr), .save()')
+_HINT = (
+    'Stop, Pause, Save and a new LR come with <code>learn.fit_async(...)</code>: a plain <code>fit</code> '
+    'keeps the kernel busy until it ends. To stop this fit, interrupt the kernel.'
+)
+_HTML_HINT = (
+    'Controls, from any cell while the fit runs in the background: <code>learn.controls.pause()</code>, '
+    '<code>.resume()</code>, <code>.set_lr(lr)</code>, <code>.save()</code>, <code>.stop()</code>'
+)
+_CONTROLS_TEXT = (
+    'Controls of the running fit: Stop, Pause, Save, LR. Without widgets, from any cell: '
+    'learn.controls.stop(), .pause(), .resume(), .set_lr(lr), .save()'
+)
 _EMPTY = {'text/plain': ''}  # an output emptied: it takes no room, and a saved notebook keeps nothing of it
 _FIGURE_PX = tuple(round(v * DISPLAY_DPI) for v in FIGURE_SIZE)  # the figure's CSS size: its space, kept from the start
 _CELL = 'padding:1px 6px;text-align:right;white-space:nowrap;font-weight:normal;overflow:hidden'
 _ROW_PX, _BOX_PX = 21, 320  # a table row's height (18 px line, 2 px padding, 1 px border); the summary table's box
-_TABLE = ('border-collapse:collapse;table-layout:fixed;font-size:12px;line-height:18px;'
-          'font-variant-numeric:tabular-nums;margin:0')
+_TABLE = (
+    'border-collapse:collapse;table-layout:fixed;font-size:12px;line-height:18px;'
+    'font-variant-numeric:tabular-nums;margin:0'
+)
 _STICKY = 'position:sticky;top:0;background:var(--jp-layout-color1,white)'  # the summary's header, over scrolled rows
 _LINE = 'margin:2px 0;font-size:13px;line-height:18px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis'
-_STYLE = ('<style>.nbtrainer-controls .widget-toggle-button:first-child:not(:disabled)'
-          '{background:var(--jp-error-color1,#d32f2f);color:white}</style>')  # Stop in red
+_STYLE = (
+    '<style>.nbtrainer-controls .widget-toggle-button:first-child:not(:disabled)'
+    '{background:var(--jp-error-color1,#d32f2f);color:white}</style>'
+)  # Stop in red
 
-def _cell_width(key): return 7 * (max(len(key), 7) + 2)  # px: 7 a character, a column's name or a number
+
+def _cell_width(key):
+    return 7 * (max(len(key), 7) + 2)  # px: 7 a character, a column's name or a number
+
 
 def _cells(values, keys, tag='td', style=''):
     "A table row's cells, each of a fixed width (in characters) so that separate rows line up."
-    return ''.join(f'<{tag} style="{_CELL};{style}width:{_cell_width(k)}px">{html.escape(v)}</{tag}>'
-                   for k, v in zip(keys, values))
+    return ''.join(
+        f'<{tag} style="{_CELL};{style}width:{_cell_width(k)}px">{html.escape(v)}</{tag}>' for k, v in zip(keys, values)
+    )
 
-def _row_values(row, keys): return [format_row(row, [k]).strip() if k in row else '' for k in keys]
+
+def _row_values(row, keys):
+    return [format_row(row, [k]).strip() if k in row else '' for k in keys]
+
 
 def _table_html(rows, keys=None, sticky=False):
     "History rows as an HTML table with inline styles (kept by a saved notebook), numbers as in the console rows."
     keys = keys or list(dict.fromkeys(k for row in rows for k in row))
     head = _cells(keys, keys, 'th', f'{_STICKY};' if sticky else '')
-    body = ''.join(f'<tr style="border-bottom:1px solid rgba(127,127,127,.2)">{_cells(_row_values(r, keys), keys)}</tr>'
-                   for r in rows)
-    return (f'<table class="nbtrainer-history" style="{_TABLE}"><thead><tr style="border-bottom:1px solid '
-            f'rgba(127,127,127,.6)">{head}</tr></thead><tbody>{body}</tbody></table>')
+    body = ''.join(
+        f'<tr style="border-bottom:1px solid rgba(127,127,127,.2)">{_cells(_row_values(r, keys), keys)}</tr>'
+        for r in rows
+    )
+    return (
+        f'<table class="nbtrainer-history" style="{_TABLE}"><thead><tr style="border-bottom:1px solid '
+        f'rgba(127,127,127,.6)">{head}</tr></thead><tbody>{body}</tbody></table>'
+    )
+
 
 def _summary_table(rows):
     "Every row, in a box that scrolls when they are many, with a line that says so (a box hides its rows silently)."
     shown = _BOX_PX // _ROW_PX - 1  # the rows the box shows below its header
-    more = (f'<div style="font-size:11px;opacity:.75">{len(rows)} evaluations, {shown} in view: scroll the table for '
-            'the others</div>' if len(rows) > shown else '')
+    more = (
+        f'<div style="font-size:11px;opacity:.75">{len(rows)} evaluations, {shown} in view: scroll the table for '
+        'the others</div>'
+        if len(rows) > shown
+        else ''
+    )
     box = f'<div style="max-height:{_BOX_PX}px;overflow-y:auto">{_table_html(rows, sticky=True)}</div>'
     return f'<div>{box}{more}</div>'
 
+
 _BAR_LINE = 'display:flex;align-items:center;height:20px;font-size:12px;white-space:nowrap;overflow:hidden'
+
 
 def _bar_html(desc, bar):
     "A progress bar as HTML: its name, a meter (when the total is known) and tqdm's counts, times and postfix."
     from tqdm import tqdm
+
     counts = bar.format_dict
     total = counts['total']
-    form = ('{percentage:3.0f}% {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]' if total else
-            '{n_fmt} [{elapsed}, {rate_fmt}{postfix}]')
+    form = (
+        '{percentage:3.0f}% {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]'
+        if total
+        else '{n_fmt} [{elapsed}, {rate_fmt}{postfix}]'
+    )
     text = tqdm.format_meter(**{**counts, 'bar_format': form})
-    meter = (f'<progress max="{total}" value="{min(counts["n"], total)}" style="width:240px;height:12px;margin:0 8px">'
-             '</progress>' if total else '<span style="width:8px"></span>')
-    return (f'<div style="{_BAR_LINE}"><span style="display:inline-block;width:40px">{html.escape(desc)}</span>'
-            f'{meter}<span>{html.escape(text)}</span></div>')
+    meter = (
+        f'<progress max="{total}" value="{min(counts["n"], total)}" style="width:240px;height:12px;margin:0 8px">'
+        '</progress>'
+        if total
+        else '<span style="width:8px"></span>'
+    )
+    return (
+        f'<div style="{_BAR_LINE}"><span style="display:inline-block;width:40px">{html.escape(desc)}</span>'
+        f'{meter}<span>{html.escape(text)}</span></div>'
+    )
+
 
 def _comm_handled_concurrently():
     "Is this comm message being handled while a cell awaits? ipykernel 7 then runs it beside the cell, with no status."
     frame = sys._getframe(1)
     while frame is not None:
-        if frame.f_code.co_name == 'dispatch_shell': return frame.f_locals.get('concurrent') is True
+        if frame.f_code.co_name == 'dispatch_shell':
+            return frame.f_locals.get('concurrent') is True
         frame = frame.f_back
     return False
+
 
 def _ack_concurrent_update():
     """Send the idle status a value update handled beside an awaiting cell lacks. The front end's widget model sends one
     update at a time and holds the next until the last one's idle status arrives: without it, only a field's first edit
     (or a toggle's first click) during `await learn.fit_async(...)` would ever reach the kernel."""
     kernel = current_kernel()
-    if kernel is not None and _comm_handled_concurrently(): kernel._publish_status('idle', 'shell')
+    if kernel is not None and _comm_handled_concurrently():
+        kernel._publish_status('idle', 'shell')
+
 
 def _edited(widget_class, **kwargs):
     "A `widget_class` widget whose every edit reaches the kernel, a cell awaiting or not (`_ack_concurrent_update`)."
+
     class Edited(widget_class):
         def _handle_msg(self, msg):
-            try: super()._handle_msg(msg)
-            finally: _ack_concurrent_update()
+            try:
+                super()._handle_msg(msg)
+            finally:
+                _ack_concurrent_update()
+
     return Edited(**kwargs)
+
 
 def _blank(box):
     """Empty what a controls widget's views show (its buttons, its labels): a widget view taken off the page keeps the
     DOM it last showed, so views are emptied before they leave."""
     for toggle in (box.actions, box.forks):
-        if toggle is not None: toggle.options, toggle.description = (), ''
+        if toggle is not None:
+            toggle.options, toggle.description = (), ''
     box.lr.description = ''
+
 
 def _describe_request(step, action, value):
     "One entry of `Controls.log` in words."
-    if action == 'lr': return f'lr {value:.3g} from step {step}'
-    if action == 'save': return f'saved {Path(value).name} at step {step}' if value else f'no checkpoint at step {step}'
-    if action == 'stop': return f'{value} at step {step}'
+    if action == 'lr':
+        return f'lr {value:.3g} from step {step}'
+    if action == 'save':
+        return f'saved {Path(value).name} at step {step}' if value else f'no checkpoint at step {step}'
+    if action == 'stop':
+        return f'{value} at step {step}'
     return f'{action}d at step {step}'  # paused, resumed
+
 
 def _again_from_the_running_cell(send):
     """Call `send` (display updates) again as from the cell the kernel runs now, if that is another cell than this
     thread's: a front end that takes updates only from the cell it runs (nbclient, which stores notebooks) then applies
     them too, to whatever cell shows those outputs; JupyterLab has applied them already, and gets the same again."""
     kernel = current_kernel()
-    if kernel is None: return
+    if kernel is None:
+        return
     running = contextvars.Context().run(kernel.get_parent)  # no context: the shell's last request, not this thread's
-    if _msg_id(running) is None or _msg_id(running) == _msg_id(kernel.get_parent()): return
+    if _msg_id(running) is None or _msg_id(running) == _msg_id(kernel.get_parent()):
+        return
+
     def again():
         kernel.shell.display_pub.set_thread_parent(running)  # in this copy of the context only
         send()
+
     contextvars.copy_context().run(again)
 
-def _msg_id(parent): return ((parent or {}).get('header') or {}).get('msg_id')
+
+def _msg_id(parent):
+    return ((parent or {}).get('header') or {}).get('msg_id')
+
 
 def _request_id():
     "The id of the request (the cell) the kernel runs now; None outside a kernel."
     kernel = current_kernel()
     return _msg_id(kernel.get_parent()) if kernel is not None else None
 
+
 _VIEWS = ('widgets', 'html')
+
 
 class Dashboard(Callback):
     "Bars, status and controls, the live figure beside the latest evaluations, updated in place; a summary at the end."
+
     order = Order.DISPLAY
     side_effects = main_process_only = True  # it draws and takes clicks; under DDP rank 0 alone does
 
     def __init__(self, refresh=0.2, every=1.0, path=None, plot=True, theme=None, table_rows=8, display='widgets'):
-        if display not in _VIEWS: raise ValueError(f"Dashboard(display=) must be 'widgets' or 'html', got {display!r}")
+        if display not in _VIEWS:
+            raise ValueError(f"Dashboard(display=) must be 'widgets' or 'html', got {display!r}")
         self.widgets = display == 'widgets'
         self.bars = _Bars(self, refresh)
         self.plot = _Plot(self, every=every, path=path, theme=theme) if plot else None
@@ -226,7 +318,8 @@ class Dashboard(Callback):
         self._shown_in = set()  # the cells that show it already (cells queued behind an awaited fit)
 
     def _run(self, event):
-        for _, method in self._tables[self.learn.training][event]: method()
+        for _, method in self._tables[self.learn.training][event]:
+            method()
 
     # ---- what the views show ----
     def _status_bundle(self):
@@ -238,37 +331,52 @@ class Dashboard(Callback):
         notes = [f'<i>{hint}</i>' if hint else '', self._note]
         notes = ''.join(f'<div style="{_LINE};font-size:12px">{note}</div>' for note in notes if note)
         status = self.status_text or 'starting'
-        page = (f'{_STYLE}<div class="nbtrainer-live">{"".join(h for h, _ in self.ancestors)}'
-                f'<div class="nbtrainer-bars" style="min-height:{n_bars * 20}px">{bars}</div>'
-                f'<div style="{_LINE}"><b>Fit running:</b> '
-                f'<span class="nbtrainer-status">{html.escape(status)}</span></div>'
-                f'{notes}</div>')
+        page = (
+            f'{_STYLE}<div class="nbtrainer-live">{"".join(h for h, _ in self.ancestors)}'
+            f'<div class="nbtrainer-bars" style="min-height:{n_bars * 20}px">{bars}</div>'
+            f'<div style="{_LINE}"><b>Fit running:</b> '
+            f'<span class="nbtrainer-status">{html.escape(status)}</span></div>'
+            f'{notes}</div>'
+        )
         return {'text/html': page, 'text/plain': '\n'.join([*(t for _, t in self.ancestors), f'Fit running: {status}'])}
 
     def _figure_bundle(self):
         "The live figure (its space kept until the first frame) beside the last `table_rows` evaluations."
         width, height = _FIGURE_PX
-        if self.png is None: figure = f'<div style="width:{width}px;height:{height}px"></div>'
-        else: figure = (f'<img class="nbtrainer-figure" data-step="{self.png_step}" width="{width}" height="{height}" '
-                        f'style="width:{width}px;max-width:100%;height:auto" '
-                        f'src="data:image/png;base64,{base64.b64encode(self.png).decode()}"/>')
-        rows = self.rows[-self.table_rows:]
+        if self.png is None:
+            figure = f'<div style="width:{width}px;height:{height}px"></div>'
+        else:
+            figure = (
+                f'<img class="nbtrainer-figure" data-step="{self.png_step}" width="{width}" height="{height}" '
+                f'style="width:{width}px;max-width:100%;height:auto" '
+                f'src="data:image/png;base64,{base64.b64encode(self.png).decode()}"/>'
+            )
+        rows = self.rows[-self.table_rows :]
         space = f'min-width:{self._table_width()}px;min-height:{(self.table_rows + 1) * _ROW_PX}px'
-        page = (f'<div class="nbtrainer-view" style="display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start">'
-                f'{figure}<div style="{space}">{_table_html(rows, self._keys) if rows else ""}</div></div>')
+        page = (
+            f'<div class="nbtrainer-view" style="display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start">'
+            f'{figure}<div style="{space}">{_table_html(rows, self._keys) if rows else ""}</div></div>'
+        )
         text = [format_header(self._keys), *(format_row(r, self._keys) for r in rows)] if rows else []
         return {'text/html': page, 'text/plain': '\n'.join([f'Live figure at step {self.png_step}', *text])}
 
     def _table_width(self):
         "The table's width (px) with the columns a fit's rows usually have: it takes its place before the first row."
         learn = self.learn
-        keys = ['epoch', 'step', 'train_loss', *(['valid_loss', *map(metric_name, learn.metrics)] if learn.valid_dl
-                                                 is not None else []), 'lr', 'time']
+        keys = [
+            'epoch',
+            'step',
+            'train_loss',
+            *(['valid_loss', *map(metric_name, learn.metrics)] if learn.valid_dl is not None else []),
+            'lr',
+            'time',
+        ]
         return sum(_cell_width(k) for k in keys)
 
     def _display(self, box=None):
         "Show the dashboard in the current output: status and bars, the controls (a live fit's), the figure and table."
         from IPython.display import display
+
         view = {'status': display(self._status_bundle(), raw=True, display_id=True)}
         if self.widgets and self.live:
             view['box'] = box = box or self._new_controls()
@@ -287,24 +395,40 @@ class Dashboard(Callback):
     def _update(self, part):
         "Show the current `part` ('status' or 'figure') in every view of the running fit (the status if it changed)."
         with self._lock:
-            if self.summary is not None or not self.views: return  # ended: the summary stays
+            if self.summary is not None or not self.views:
+                return  # ended: the summary stays
             bundle = self._status_bundle() if part == 'status' else self._figure_bundle()
             if part == 'status':
-                if bundle == self._last_status: return
+                if bundle == self._last_status:
+                    return
                 self._last_status = bundle
-            for view in self.views: view[part].update(bundle, raw=True)
+            for view in self.views:
+                view[part].update(bundle, raw=True)
 
     # ---- the controls: one widget of three buttons, and the LR field ----
     def _new_controls(self):
         "Stop, Pause and Save as one `ToggleButtons` (one view in the browser, reset after a click), and the LR field."
         import ipywidgets as W
-        actions = _edited(W.ToggleButtons, options=self._actions(), index=None,
-                          tooltips=['end the fit after this batch', 'hold at the next step (Resume goes on)',
-                                    'write a checkpoint at the next step (at once while paused)'],
-                          style={'button_width': '84px'})
-        lr = _edited(W.FloatText, value=self.learn.lr, description='LR', continuous_update=False,
-                     tooltip='Enter (or leaving the field) applies it from the next step',
-                     layout=W.Layout(width='170px'))
+
+        actions = _edited(
+            W.ToggleButtons,
+            options=self._actions(),
+            index=None,
+            tooltips=[
+                'end the fit after this batch',
+                'hold at the next step (Resume goes on)',
+                'write a checkpoint at the next step (at once while paused)',
+            ],
+            style={'button_width': '84px'},
+        )
+        lr = _edited(
+            W.FloatText,
+            value=self.learn.lr,
+            description='LR',
+            continuous_update=False,
+            tooltip='Enter (or leaving the field) applies it from the next step',
+            layout=W.Layout(width='170px'),
+        )
         box = W.HBox([actions, lr], layout=W.Layout(align_items='center', flex_flow='row wrap'))
         box.add_class('nbtrainer-controls')
         box.actions, box.lr, box.forks = actions, lr, None
@@ -327,58 +451,79 @@ class Dashboard(Callback):
 
     def _fork_choices(self):
         "While paused: the steps of the shown evaluations whose state is kept, to fork from."
-        if not (self.can_fork and self.controls.paused and self._fork_request is None): return []
+        if not (self.can_fork and self.controls.paused and self._fork_request is None):
+            return []
         kept = set(self.learn.fork_steps())
-        return [r['step'] for r in self.rows[-self.table_rows:] if r['step'] in kept]
+        return [r['step'] for r in self.rows[-self.table_rows :] if r['step'] in kept]
 
     def _sync_forks(self, box):
         "A 'fork at' choice beside the controls while paused (one more view, made at the first pause), else hidden."
         import ipywidgets as W
+
         steps = self._fork_choices()
         if box.forks is None and steps:
-            box.forks = _edited(W.ToggleButtons, options=[], index=None, description='fork at',
-                                style={'button_width': '64px', 'description_width': '50px'})
+            box.forks = _edited(
+                W.ToggleButtons,
+                options=[],
+                index=None,
+                description='fork at',
+                style={'button_width': '64px', 'description_width': '50px'},
+            )
             box.forks.add_class('nbtrainer-fork')
             box.forks.observe(lambda change: self._on_fork_choice(change['new'], box), names='value')
             box.children = [*box.children, box.forks]
-        if box.forks is None: return
+        if box.forks is None:
+            return
         box.forks.options = [(str(step), step) for step in steps]
         box.forks.tooltips = [f"back to the evaluation of step {step}, on with the LR field's lr" for step in steps]
         box.forks.layout.display = '' if steps else 'none'
 
     def press(self, action):
         "What a click does, from code: 'stop', 'pause' (Pause, or Resume while paused), 'save', or a step to fork at."
-        if not self.boxes: raise ValueError('this fit has no controls: they come with learn.fit_async(...) and widgets')
+        if not self.boxes:
+            raise ValueError('this fit has no controls: they come with learn.fit_async(...) and widgets')
         box = self.boxes[0]
-        if isinstance(action, str): box.actions.value = action  # as the front end sets it
-        else: box.forks.value = action
+        if isinstance(action, str):
+            box.actions.value = action  # as the front end sets it
+        else:
+            box.forks.value = action
 
     # ---- control handlers: main thread, they only set flags on the Controls ----
     def _on_action(self, action, toggle):
-        if action is None: return
+        if action is None:
+            return
         toggle.index = None  # buttons, not a choice: ready for the next click
-        if action == 'stop': self.controls.stop('Stop button clicked')
-        elif action == 'save': self.controls.save()
-        elif self.controls.paused: self.controls.resume()
-        else: self.controls.pause()
+        if action == 'stop':
+            self.controls.stop('Stop button clicked')
+        elif action == 'save':
+            self.controls.save()
+        elif self.controls.paused:
+            self.controls.resume()
+        else:
+            self.controls.pause()
 
     def _on_lr(self, change):
         try:
             self.controls.set_lr(change['new'])
             self._note = ''
-        except ValueError as e: self._note = f'<b>{html.escape(str(e))}</b>'
+        except ValueError as e:
+            self._note = f'<b>{html.escape(str(e))}</b>'
         self._update('status')
 
     def _on_fork_choice(self, step, box):
-        if step is None: return
+        if step is None:
+            return
         box.forks.index = None
         self._on_fork(step, box.lr.value)
 
     def _on_fork(self, step, lr):
         "End this fit, then fork at `step` and train the rest of the same fit with the LR field's lr, as a branch."
         from nbtrainer.plotting import history_curves
-        if self._fork_request is not None or not self.controls.paused: return
-        try: lr = hyperparameter('lr', lr)
+
+        if self._fork_request is not None or not self.controls.paused:
+            return
+        try:
+            lr = hyperparameter('lr', lr)
         except ValueError as e:
             self._note = f'<b>{html.escape(str(e))}</b>'
             return self._update('status')
@@ -391,11 +536,14 @@ class Dashboard(Callback):
     def _on_request(self):
         "A request carried out: the status line says so, the buttons follow; a pause or a resume redraws the figure."
         action = self.controls.log[-1][1]
-        if action == 'stop': self._stopping = True
-        if action in ('pause', 'resume', 'stop'): self._sync_controls()  # before the status line says it: a reader
-        self._show_status()                                               # that waits for the line finds them synced
+        if action == 'stop':
+            self._stopping = True
+        if action in ('pause', 'resume', 'stop'):
+            self._sync_controls()  # before the status line says it: a reader
+        self._show_status()  # that waits for the line finds them synced
         self._update('status')
-        if self.plot is not None and action in ('pause', 'resume'): self.plot.render()
+        if self.plot is not None and action in ('pause', 'resume'):
+            self.plot.render()
 
     def _show_status(self):
         learn = self.learn
@@ -408,25 +556,30 @@ class Dashboard(Callback):
         "Every `refresh` seconds of a batch: the status and bars, and the figure's hand-over when it is due."
         self._show_status()
         self._update('status')
-        if self.plot is not None: self.plot.tick(now)
+        if self.plot is not None:
+            self.plot.tick(now)
 
     def _show_frame(self, png, step, final=False):
         "A frame from the rendering process (its thread): shown with the table; the final one is the summary's."
         self.png, self.png_step = png, step
-        if not final: self._update('figure')
+        if not final:
+            self._update('figure')
 
     def _add_row(self, row):
         "An evaluation's row: the table shows it with the next frame (or at once, with no live figure)."
         self.rows.append(row)
         self._keys = list(dict.fromkeys([*self._keys, *row]))
-        if self.plot is None or self.plot.error: self._update('figure')
+        if self.plot is None or self.plot.error:
+            self._update('figure')
 
     # ---- events ----
     def before_fit(self):
-        for part in self.parts: part.learn = self.learn
+        for part in self.parts:
+            part.learn = self.learn
         carry, self._carry = self._carry, None
         views, self.ancestors, parent = carry if carry is not None else ([], [], None)
-        if self.plot is not None: self.plot.parent_curves = parent  # the parent run, faint behind the branch
+        if self.plot is not None:
+            self.plot.parent_curves = parent  # the parent run, faint behind the branch
         self.rows, self.summary, self.static = [], None, None
         self._build(views)
         self._run('before_fit')
@@ -449,19 +602,35 @@ class Dashboard(Callback):
             controls.waiting.append(self._show_waiting)  # a cell queued behind this fit, awaited, shows it
         with self._lock:
             self.views = views
-            for i, view in enumerate(views): self._refill(view, box if i == 0 else None)
-            if not views and in_jupyter(): self.views.append(self._display(box))
+            for i, view in enumerate(views):
+                self._refill(view, box if i == 0 else None)
+            if not views and in_jupyter():
+                self.views.append(self._display(box))
 
-    def before_train(self): self._run('before_train')
-    def after_train(self): self._run('after_train')
-    def before_validate(self): self._run('before_validate')
-    def after_validate(self): self._run('after_validate')
-    def after_eval(self): self._run('after_eval')
-    def after_epoch(self): self._run('after_epoch')
-    def after_batch(self): self.bars.after_batch()  # the plot hands over at the dashboard's ticks, not at every batch
+    def before_train(self):
+        self._run('before_train')
+
+    def after_train(self):
+        self._run('after_train')
+
+    def before_validate(self):
+        self._run('before_validate')
+
+    def after_validate(self):
+        self._run('after_validate')
+
+    def after_eval(self):
+        self._run('after_eval')
+
+    def after_epoch(self):
+        self._run('after_epoch')
+
+    def after_batch(self):
+        self.bars.after_batch()  # the plot hands over at the dashboard's ticks, not at every batch
 
     def after_fit(self):
-        if not self.built: return  # the fit failed before the dashboard was built
+        if not self.built:
+            return  # the fit failed before the dashboard was built
         learn = self.learn
         try:
             self._run('after_fit')  # the bars close; the final frame, as recorder.plot() draws it
@@ -470,124 +639,172 @@ class Dashboard(Callback):
             if self.controls is not None:
                 controls = self.controls
                 for hooks, hook in ((controls.listeners, self._on_request), (controls.waiting, self._show_waiting)):
-                    if hook in hooks: hooks.remove(hook)
+                    if hook in hooks:
+                        hooks.remove(hook)
             self.summary = describe_ending(learn, clock.now() - self._start)
             self.static = self._static()
             self._end_views()
             self._start_branch()
-            if learn.fit_outcome == 'interrupted' and in_jupyter(): brief_traceback(learn.fit_exception, learn)
+            if learn.fit_outcome == 'interrupted' and in_jupyter():
+                brief_traceback(learn.fit_exception, learn)
 
     def _end_views(self):
         """Every view gives way to the static summary, in the place of its figure: the controls go first (their views
         emptied before they leave: a view taken off the page keeps the DOM it last showed), then the status."""
         with self._lock:
-            for box in self.boxes: _blank(box)
-            ends = [(view[part], self.static if part == 'figure' else _EMPTY) for view in self.views
-                    for part in ('controls', 'status', 'figure') if part in view]
-            for handle, bundle in ends: handle.update(bundle, raw=True)
+            for box in self.boxes:
+                _blank(box)
+            ends = [
+                (view[part], self.static if part == 'figure' else _EMPTY)
+                for view in self.views
+                for part in ('controls', 'status', 'figure')
+                if part in view
+            ]
+            for handle, bundle in ends:
+                handle.update(bundle, raw=True)
             _again_from_the_running_cell(lambda: [handle.update(bundle, raw=True) for handle, bundle in ends])
-            for view in self.views: view.pop('box', None)
+            for view in self.views:
+                view.pop('box', None)
             for box in self.boxes:  # their comms freed; not the box's: an output whose first widget closes is hidden
                 for part in (box.actions, box.lr, box.forks):
-                    if part is not None: part.close()
+                    if part is not None:
+                        part.close()
             self.boxes = []
 
     def _start_branch(self):
         "A fork asked while paused: its branch starts once this fit has ended, in its outputs, below its summary."
         request, self._fork_request = self._fork_request, None
-        if request is None or self.learn.fit_outcome != 'stopped': return
+        if request is None or self.learn.fit_outcome != 'stopped':
+            return
         step, lr, curves = request
         own = self._static(ancestors=False)
         carry = (list(self.views), [*self.ancestors, (own['text/html'], own['text/plain'])], curves)
-        threading.Thread(target=self._context.run, args=(self._train_branch, step, lr, carry), name='nbtrainer-fork',
-                         daemon=True).start()
+        threading.Thread(
+            target=self._context.run, args=(self._train_branch, step, lr, carry), name='nbtrainer-fork', daemon=True
+        ).start()
 
     def _train_branch(self, step, lr, carry):
         "In a thread of the parent's cell, once the parent fit has ended: fork, then the same fit with the new lr."
         learn = self.learn
         learn.wait_for_fit()
-        try: learn.fork(step)
+        try:
+            learn.fork(step)
         except Exception as e:  # e.g. the state was dropped by a keep rule meanwhile: said where the branch would be
             failed = f'<p style="margin:4px 0"><b>Fork at step {step} failed: {html.escape(str(e))}</b></p>'
-            failed = {'text/html': self.static['text/html'] + failed,
-                      'text/plain': f'{self.static["text/plain"]}\nFork failed: {e}'}
-            for view in carry[0]: view['figure'].update(failed, raw=True)
+            failed = {
+                'text/html': self.static['text/html'] + failed,
+                'text/plain': f'{self.static["text/plain"]}\nFork failed: {e}',
+            }
+            for view in carry[0]:
+                view['figure'].update(failed, raw=True)
             return
         self._carry = carry
-        try: asyncio.run(learn.fit_async(**learn.progress.call, cbs=self._fit_cbs(), lr=lr))
-        except BaseException: pass  # its own summary, in this output, says how it ended
+        try:
+            asyncio.run(learn.fit_async(**learn.progress.call, cbs=self._fit_cbs(), lr=lr))
+        except BaseException:
+            pass  # its own summary, in this output, says how it ended
 
     def _fit_cbs(self):
         "The callbacks given to the fit this dashboard showed (`fit_async(cbs=...)`): its branch continues with them."
-        return [cb for cb in self._seen_cbs if cb not in self.learn.cbs and not isinstance(cb, Controls)
-                and not type(cb).__name__.startswith('_')]  # not the controls and helpers fit_async adds itself
+        return [
+            cb
+            for cb in self._seen_cbs
+            if cb not in self.learn.cbs and not isinstance(cb, Controls) and not type(cb).__name__.startswith('_')
+        ]  # not the controls and helpers fit_async adds itself
 
     def _requests(self):
         "What the controls carried out during this fit, in one line."
-        if self.controls is None: return ''
-        return ' · '.join(_describe_request(*entry) for entry in self.controls.log[self._log_start:])
+        if self.controls is None:
+            return ''
+        return ' · '.join(_describe_request(*entry) for entry in self.controls.log[self._log_start :])
 
     def _static(self, ancestors=True):
         "The summary as plain HTML and text (kept by a saved notebook): headline, requests, figure, table, failure."
         learn, requests, rows = self.learn, self._requests(), self.rows
         carried = self.ancestors if ancestors else []
         parts = [html_ for html_, _ in carried] + [f'<p style="margin:4px 0"><b>{html.escape(self.summary)}</b></p>']
-        if requests: parts.append(f'<p style="margin:4px 0;font-size:12px">Requests: {html.escape(requests)}</p>')
+        if requests:
+            parts.append(f'<p style="margin:4px 0;font-size:12px">Requests: {html.escape(requests)}</p>')
         figure = ''
         if self.png:
             width = _FIGURE_PX[0]
-            figure = (f'<img style="width:{width}px;max-width:100%" width="{width}" '
-                      f'src="data:image/png;base64,{base64.b64encode(self.png).decode()}"/>')
+            figure = (
+                f'<img style="width:{width}px;max-width:100%" width="{width}" '
+                f'src="data:image/png;base64,{base64.b64encode(self.png).decode()}"/>'
+            )
         table = _summary_table(rows) if rows else ''
         parts.append(f'<div style="display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start">{figure}{table}</div>')
         if learn.fit_outcome == 'failed':
             trace = ''.join(traceback.format_exception(learn.fit_exception))
             parts.append(f'<details><summary>Traceback</summary><pre>{html.escape(trace)}</pre></details>')
         keys = list(dict.fromkeys(k for row in rows for k in row))
-        text = '\n'.join([*(text for _, text in carried), self.summary, *([f'Requests: {requests}'] if requests else []),
-                          *([format_header(keys)] if keys else []), *(format_row(r, keys) for r in rows)])
+        text = '\n'.join(
+            [
+                *(text for _, text in carried),
+                self.summary,
+                *([f'Requests: {requests}'] if requests else []),
+                *([format_header(keys)] if keys else []),
+                *(format_row(r, keys) for r in rows),
+            ]
+        )
         return {'text/html': '\n'.join(parts), 'text/plain': text}
 
     # ---- shown again ----
     def show(self):
         "Display this dashboard again in the current cell: live while its fit runs (working controls), or its summary."
         from IPython.display import display
-        if _request_id() in self._shown_in: return  # this cell shows it already: it was queued behind the fit
-        if not self.built: raise ValueError('this dashboard has not shown a fit yet')
+
+        if _request_id() in self._shown_in:
+            return  # this cell shows it already: it was queued behind the fit
+        if not self.built:
+            raise ValueError('this dashboard has not shown a fit yet')
         with self._lock:
-            if self.summary is None: return self.views.append(self._display())
+            if self.summary is None:
+                return self.views.append(self._display())
         display(self.static, raw=True)
-        if self.can_fork and self.learn.fork_steps(): self._fork_bar()
+        if self.can_fork and self.learn.fork_steps():
+            self._fork_bar()
 
     def _show_waiting(self, request):
         "In a cell queued behind this (awaited) fit: the live dashboard, so that a reloaded page gets the controls back."
         self._shown_in.add(request['header']['msg_id'])
         with self._lock:
-            if self.summary is None: self.views.append(self._display())
+            if self.summary is None:
+                self.views.append(self._display())
 
     def _fork_bar(self):
         "After the fit: fork at a kept evaluation and train the rest of that fit as a branch, its dashboard in the bar's."
         import ipywidgets as W
         from IPython.display import display
         from nbtrainer.plotting import history_curves
+
         steps = self.learn.fork_steps()
         pick = W.Dropdown(options=steps, value=steps[-1], description='fork at', layout=W.Layout(width='170px'))
         lr_box = _edited(W.FloatText, value=self.learn.lr, description='lr', layout=W.Layout(width='170px'))
         button, note = W.Button(description='Fork and train', button_style='primary'), W.HTML()
         bar = W.HBox([pick, lr_box, button, note])
         bar.add_class('nbtrainer-fork-bar')
-        view = {'status': display(_EMPTY, raw=True, display_id=True),  # the branch's outputs, around the bar
-                'controls': display_widget(bar, 'Fork controls (live while the kernel runs)'),
-                'figure': display(_EMPTY, raw=True, display_id=True)}
+        view = {
+            'status': display(_EMPTY, raw=True, display_id=True),  # the branch's outputs, around the bar
+            'controls': display_widget(bar, 'Fork controls (live while the kernel runs)'),
+            'figure': display(_EMPTY, raw=True, display_id=True),
+        }
+
         def fork(_):
-            try: lr = hyperparameter('lr', lr_box.value)
+            try:
+                lr = hyperparameter('lr', lr_box.value)
             except ValueError as e:
                 note.value = f'<b>{html.escape(str(e))}</b>'
                 return
             button.disabled = True
             carry = ([view], [], history_curves(self.learn.recorder))  # this fit's summary keeps its own output
-            threading.Thread(target=contextvars.copy_context().run, args=(self._train_branch, pick.value, lr, carry),
-                             name='nbtrainer-fork', daemon=True).start()
+            threading.Thread(
+                target=contextvars.copy_context().run,
+                args=(self._train_branch, pick.value, lr, carry),
+                name='nbtrainer-fork',
+                daemon=True,
+            ).start()
+
         button.on_click(fork)
 
 # %% ../nbs/17_dashboard.ipynb #1644a037
@@ -596,12 +813,15 @@ def dashboard(learn):
     "Show the dashboard of the fit running on this Learner, live with working controls (after a browser reload, say); after a fit, its summary."
     dash = next((cb for cb in learn.cbs if isinstance(cb, Dashboard)), None)
     if dash is None:
-        raise ValueError('this Learner has no dashboard: in Jupyter, Learner(..., progress=True) adds one (unless '
-                         'dashboard=False), or pass cbs=[Dashboard()]')
+        raise ValueError(
+            'this Learner has no dashboard: in Jupyter, Learner(..., progress=True) adds one (unless '
+            'dashboard=False), or pass cbs=[Dashboard()]'
+        )
     dash.show()
 
-# %% ../nbs/17_dashboard.ipynb #6fbe5971
+# %% ../nbs/17_dashboard.ipynb #4607188e
 DISPLAYS = ('widgets', 'html', 'text')
+
 
 def display_kind(display=None):
     "The display asked for by `display=`, else by $NBTRAINER_DISPLAY, else the one that fits where the code runs."
@@ -609,17 +829,24 @@ def display_kind(display=None):
     if asked is not None and asked not in ('auto', *DISPLAYS):
         source = 'Learner(display=)' if display is not None else 'the environment variable NBTRAINER_DISPLAY'
         raise ValueError(f"{source} must be 'widgets', 'html', 'text' or 'auto', got {asked!r}")
-    if not in_jupyter(): return 'text'  # a terminal or a script
-    if asked in (None, 'auto'): return 'widgets' if importlib.util.find_spec('ipywidgets') else 'html'
+    if not in_jupyter():
+        return 'text'  # a terminal or a script
+    if asked in (None, 'auto'):
+        return 'widgets' if importlib.util.find_spec('ipywidgets') else 'html'
     return asked
 
+
+@fills('display')  # what Learner(progress=True) shows
 def progress_display(dashboard=True, display=None):
     """The display `Learner(progress=True)` installs: in Jupyter the `Dashboard` with or without its controls widget
     (plain bars with `dashboard=False`), text bars in a terminal, a script, or with `display='text'`."""
     kind = display_kind(display)
-    if kind == 'text': return ProgressCallback(file=sys.stdout if in_jupyter() else None)
-    if not dashboard: return ProgressCallback() if kind == 'widgets' else ProgressCallback(file=sys.stdout)
+    if kind == 'text':
+        return ProgressCallback(file=sys.stdout if in_jupyter() else None)
+    if not dashboard:
+        return ProgressCallback() if kind == 'widgets' else ProgressCallback(file=sys.stdout)
     return Dashboard(display=kind)
 
-Learner.display_factory = progress_display
-if in_jupyter(): Renderer.shared().start()  # the kernel's rendering process, warm by the first fit: started on import
+
+if in_jupyter():
+    Renderer.shared().start()  # the kernel's rendering process, warm by the first fit: started on import

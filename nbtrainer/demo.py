@@ -31,8 +31,11 @@ def digits_loaders(batch_size=64, valid_frac=0.2, seed=0):
     n_valid = int(len(x) * valid_frac)
     valid, train = order[:n_valid], order[n_valid:]
     shuffle = torch.Generator().manual_seed(seed)
-    return (DataLoader(TensorDataset(x[train], y[train]), batch_size=batch_size, shuffle=True, generator=shuffle),
-            DataLoader(TensorDataset(x[valid], y[valid]), batch_size=batch_size * 2))
+    return (
+        DataLoader(TensorDataset(x[train], y[train]), batch_size=batch_size, shuffle=True, generator=shuffle),
+        DataLoader(TensorDataset(x[valid], y[valid]), batch_size=batch_size * 2),
+    )
+
 
 def digits_model(hidden=128, dropout=0.1):
     "A two-layer MLP for 64 pixels → 10 classes."
@@ -42,11 +45,14 @@ def digits_model(hidden=128, dropout=0.1):
 def fashion_mnist_loaders(root='data', batch_size=128):
     "Fashion-MNIST from torchvision as flat (train, valid) DataLoaders; downloads on first use."
     from torchvision import datasets, transforms
+
     flat = transforms.Compose([transforms.ToTensor(), transforms.Lambda(torch.flatten)])
     train = datasets.FashionMNIST(root, train=True, download=True, transform=flat)
     valid = datasets.FashionMNIST(root, train=False, download=True, transform=flat)
-    return (DataLoader(train, batch_size=batch_size, shuffle=True, num_workers=2),
-            DataLoader(valid, batch_size=batch_size * 2, num_workers=2))
+    return (
+        DataLoader(train, batch_size=batch_size, shuffle=True, num_workers=2),
+        DataLoader(valid, batch_size=batch_size * 2, num_workers=2),
+    )
 
 # %% ../nbs/04_demo.ipynb #759585d9
 def train_digits(epochs=20, lr=3e-3, batch_size=64, seed=0, out='runs/digits'):
@@ -59,9 +65,12 @@ def train_digits(epochs=20, lr=3e-3, batch_size=64, seed=0, out='runs/digits'):
     out.mkdir(parents=True, exist_ok=True)
     learn.recorder.plot(out / 'history.png')
     learn.recorder.to_csv(out / 'history.csv')
-    print(f"valid accuracy {learn.recorder.history[-1]['accuracy']:.4f} after {epochs} epochs; "
-          f"wrote {out / 'history.png'} and {out / 'history.csv'}")
+    print(
+        f"valid accuracy {learn.recorder.history[-1]['accuracy']:.4f} after {epochs} epochs; "
+        f"wrote {out / 'history.png'} and {out / 'history.csv'}"
+    )
     return learn
+
 
 def main(argv=None):
     "The `nbtrainer-demo` command."

@@ -25,6 +25,7 @@ from .data import to_device
 class DataWaitWarning(UserWarning):
     "Training spent more than `DataWait.threshold` of its time waiting for the data loader."
 
+
 REMEDIES = """Likely remedies, cheapest first:
   - DataLoader(num_workers=N): load batches in N worker processes (try the number of CPU cores);
   - pin_memory=True with a GPU, so host-to-device copies are asynchronous (or wrap the loader in DevicePrefetcher);
@@ -33,24 +34,38 @@ REMEDIES = """Likely remedies, cheapest first:
   - move preprocessing offline: decode, resize, tokenize once and cache the result;
   - drop unused columns and features early, in the dataset, not after collation."""
 
+
 class _HostClock:
     "Host wall time: the truth when the model runs on the CPU."
-    def mark(self): return clock.now()
-    def seconds(self, start, end): return end - start
-    def wait_for(self, mark): pass
+
+    def mark(self):
+        return clock.now()
+
+    def seconds(self, start, end):
+        return end - start
+
+    def wait_for(self, mark):
+        pass
+
 
 class _CudaClock:
     "CUDA events on the current stream: device time, read only when asked."
+
     def mark(self):
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
-    def seconds(self, start, end): return start.elapsed_time(end) / 1000
-    def wait_for(self, mark): mark.synchronize()  # elapsed_time needs both events done
+
+    def seconds(self, start, end):
+        return start.elapsed_time(end) / 1000
+
+    def wait_for(self, mark):
+        mark.synchronize()  # elapsed_time needs both events done
 
 # %% ../nbs/10_diagnose.ipynb #34e99824
 class DataWait(Callback):
     "Splits each training step into waiting for data and computing; warns once per fit when input-bound."
+
     order = Order.CONTROL  # last: the other callbacks' per-batch work counts as the step, not as waiting
     run_valid = False  # it times training steps
     side_effects = True  # it posts a status and warns: a probe run would restart its window
@@ -65,26 +80,33 @@ class DataWait(Callback):
         self.steps.clear()
         self.warned, self._shown = False, clock.now()
 
-    def before_train(self): self._prev_end = self._start = None  # the first batch includes the loader's start-up: not counted
-    def after_validate(self): self._prev_end = None  # the next batch's wait would include the validation
+    def before_train(self):
+        self._prev_end = self._start = None  # the first batch includes the loader's start-up: not counted
 
-    def before_batch(self): self._start = self.clock.mark()
+    def after_validate(self):
+        self._prev_end = None  # the next batch's wait would include the validation
+
+    def before_batch(self):
+        self._start = self.clock.mark()
 
     def after_batch(self):
         end = self.clock.mark()
-        if self._prev_end is not None and self._start is not None: self.steps.append((self._prev_end, self._start, end))
+        if self._prev_end is not None and self._start is not None:
+            self.steps.append((self._prev_end, self._start, end))
         self._prev_end, self._start = end, None  # no start: an earlier callback cancelled in before_batch
         now = clock.now()
         if now - self._shown >= self.refresh:
             self._shown = now
             self._show()
 
-    def after_train(self): self._show()
+    def after_train(self):
+        self._show()
 
     @property
     def data_wait_share(self):
         "The fraction of the last `window` training steps' time spent waiting for data (NaN before any)."
-        if not self.steps: return math.nan
+        if not self.steps:
+            return math.nan
         self.clock.wait_for(self.steps[-1][2])
         wait = sum(self.clock.seconds(prev_end, start) for prev_end, start, _ in self.steps)
         step = sum(self.clock.seconds(start, end) for _, start, end in self.steps)
@@ -94,15 +116,23 @@ class DataWait(Callback):
 
     def _show(self, fit_end=False):
         share = self.data_wait_share
-        if math.isnan(share): return
+        if math.isnan(share):
+            return
         self.learn.status['data wait'] = f'{share:.0%}'
         judged = len(self.steps) == self.window or (fit_end and len(self.steps) >= self.MIN_STEPS)
         if not self.warned and judged and share > self.threshold:
             self.warned = True
-            over = f'the last {self.window} steps' if len(self.steps) == self.window else f"the fit's {len(self.steps)} steps"
-            warnings.warn(f'training waited for data {share:.0%} of the time over {over} '
-                          f'(DataWait threshold {self.threshold:.0%}): the model is input-bound.\n{REMEDIES}',
-                          DataWaitWarning, stacklevel=2)
+            over = (
+                f'the last {self.window} steps'
+                if len(self.steps) == self.window
+                else f"the fit's {len(self.steps)} steps"
+            )
+            warnings.warn(
+                f'training waited for data {share:.0%} of the time over {over} '
+                f'(DataWait threshold {self.threshold:.0%}): the model is input-bound.\n{REMEDIES}',
+                DataWaitWarning,
+                stacklevel=2,
+            )
 
     def after_fit(self):
         self._show(fit_end=True)  # a fit shorter than the window is judged now
@@ -111,41 +141,53 @@ class DataWait(Callback):
 # %% ../nbs/10_diagnose.ipynb #476aed77
 def _map_tensors(f, batch):
     "Apply `f` to every tensor in a nest of tuples, lists and dicts."
-    if isinstance(batch, torch.Tensor): return f(batch)
+    if isinstance(batch, torch.Tensor):
+        return f(batch)
     if isinstance(batch, (list, tuple)):
         mapped = [_map_tensors(f, v) for v in batch]
         return type(batch)(*mapped) if hasattr(batch, '_fields') else type(batch)(mapped)
-    if isinstance(batch, Mapping): return {k: _map_tensors(f, v) for k, v in batch.items()}
+    if isinstance(batch, Mapping):
+        return {k: _map_tensors(f, v) for k, v in batch.items()}
     return batch
+
 
 class DevicePrefetcher:
     "Iterates `loader`'s batches already on `device`; on CUDA the next batch is copied while this one computes."
 
     def __new__(cls, loader=None, *args, **kwargs):  # defaults: copy and pickle call it bare
-        if cls is DevicePrefetcher and hasattr(loader, '__len__'): cls = _SizedDevicePrefetcher
+        if cls is DevicePrefetcher and hasattr(loader, '__len__'):
+            cls = _SizedDevicePrefetcher
         return super().__new__(cls)
 
     def __init__(self, loader, device):
         self.loader, self.device = loader, torch.device(device)
 
-    __signature__ = inspect.Signature([inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-                                       for name in ('loader', 'device')])  # help() shows __init__'s, not __new__'s
+    __signature__ = inspect.Signature(
+        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in ('loader', 'device')]
+    )  # help() shows __init__'s, not __new__'s
 
     def __getattr__(self, name):  # dataset, batch_size, sampler, generator...: the loader's
-        if name == 'loader': raise AttributeError(name)  # not yet set (copy, unpickling): no recursion
+        if name == 'loader':
+            raise AttributeError(name)  # not yet set (copy, unpickling): no recursion
         return getattr(self.loader, name)
 
     def __iter__(self):
-        if self.device.type == 'cpu': return iter(self.loader)
-        if self.device.type != 'cuda': return (to_device(b, self.device) for b in self.loader)
+        if self.device.type == 'cpu':
+            return iter(self.loader)
+        if self.device.type != 'cuda':
+            return (to_device(b, self.device) for b in self.loader)
         return self._cuda_batches()
 
     def _copy(self, batch, stream):
         "Start copying `batch` to the device on `stream`, from pinned memory so the copy is asynchronous."
+
         def copy_one(t):
-            if t.device.type != 'cpu': return t
+            if t.device.type != 'cpu':
+                return t
             return (t if t.is_pinned() else t.pin_memory()).to(self.device, non_blocking=True)
-        with torch.cuda.stream(stream): return _map_tensors(copy_one, batch)
+
+        with torch.cuda.stream(stream):
+            return _map_tensors(copy_one, batch)
 
     def _cuda_batches(self):
         stream, done = torch.cuda.Stream(self.device), object()
@@ -161,26 +203,37 @@ class DevicePrefetcher:
             yield ready
             ready = upcoming
 
+
 class _SizedDevicePrefetcher(DevicePrefetcher):
-    def __len__(self): return len(self.loader)
+    def __len__(self):
+        return len(self.loader)
 
 # %% ../nbs/10_diagnose.ipynb #6b469bce
 class _StepProfiler(Callback):
     "Advances the profiler's schedule after each training batch."
+
     run_valid = False
-    def __init__(self, prof): self.prof = prof
-    def after_batch(self): self.prof.step()
+
+    def __init__(self, prof):
+        self.prof = prof
+
+    def after_batch(self):
+        self.prof.step()
+
 
 @patch_to(Learner)
 def profile(learn, steps=20, path='runs/trace.json', warmup=2, table=False):
     "Profile `steps` real training steps after `warmup` ones; write a Chrome/Perfetto trace to `path`. State is restored; `table=True` prints the top ops."
     from torch.profiler import ProfilerActivity, schedule
+
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if learn.device.type == 'cuda' else [])
     path = Path(path)
     writable_folder(path.parent, 'profile')  # before profiling, not after
-    with torch.profiler.profile(activities=activities, record_shapes=False,
-                                schedule=schedule(wait=0, warmup=warmup, active=steps, repeat=1)) as prof:
+    with torch.profiler.profile(
+        activities=activities, record_shapes=False, schedule=schedule(wait=0, warmup=warmup, active=steps, repeat=1)
+    ) as prof:
         learn.probe(warmup + steps, cbs=[_StepProfiler(prof)], name='profile')
     prof.export_chrome_trace(str(path))
-    if table: print(prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=15))  # or: prof.key_averages()
+    if table:
+        print(prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=15))  # or: prof.key_averages()
     return prof

@@ -20,8 +20,7 @@ import multiprocessing as mp
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
-from .callback import Callback, CancelFitException, NonFiniteLossError, Order
-from .core import Learner
+from .callback import CancelFitException, NonFiniteLossError
 from .data import batch_size
 from .metrics import state_leaves
 from .parts import SingleProcess
@@ -29,47 +28,62 @@ from .parts import SingleProcess
 # %% ../nbs/15_distributed.ipynb #34a93be5
 DEFAULT_TIMEOUT = float(os.environ.get('NBTRAINER_DIST_TIMEOUT', 300))  # seconds a collective may wait for a peer
 
+
 def is_distributed():
     "True when this process belongs to an initialised `torch.distributed` process group."
     return dist.is_available() and dist.is_initialized()
+
 
 def rank():
     "This process's rank in the process group (0 without one)."
     return dist.get_rank() if is_distributed() else 0
 
+
 def world_size():
     "The number of processes in the group (1 without one)."
     return dist.get_world_size() if is_distributed() else 1
+
 
 def is_main_process():
     "True on rank 0, and in a single process: the one process that draws and writes files."
     return rank() == 0
 
+
 def init_distributed(backend=None, timeout=None):
     "Join the process group that torchrun (or `launch`) describes in the environment; a no-op when already in one."
-    if is_distributed(): return
+    if is_distributed():
+        return
     if 'RANK' not in os.environ or 'WORLD_SIZE' not in os.environ:
-        raise RuntimeError('no process group to join: start the script with torchrun, or call nbtrainer.distributed.launch() '
-                           'from a notebook (RANK and WORLD_SIZE are not set)')
+        raise RuntimeError(
+            'no process group to join: start the script with torchrun, or call nbtrainer.distributed.launch() '
+            'from a notebook (RANK and WORLD_SIZE are not set)'
+        )
     backend = backend or ('nccl' if torch.cuda.is_available() else 'gloo')
-    if backend == 'nccl': torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))  # so the default device is this rank's GPU
+    if backend == 'nccl':
+        torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))  # so the default device is this rank's GPU
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout or DEFAULT_TIMEOUT))
     atexit.register(_leave_group_at_exit)
 
+
 def _leave_group_at_exit():
     "Destroy the group before the interpreter is torn down, unless the script ends in an error."
-    if not is_distributed() or getattr(sys, 'last_value', None) is not None: return  # after an error, peers may sit in a collective
+    if not is_distributed() or getattr(sys, 'last_value', None) is not None:
+        return  # after an error, peers may sit in a collective
     dist.destroy_process_group()
     # a gloo thread may still be freeing the last collective's tensors, which takes the GIL; in teardown that aborts (SIGABRT)
     time.sleep(0.1)
 
+
 def barrier():
     "Wait until every rank gets here (a no-op in a single process)."
-    if is_distributed(): dist.barrier()
+    if is_distributed():
+        dist.barrier()
+
 
 def broadcast_object(obj, src=0):
     "Rank `src`'s `obj` on every rank (pickled): for the rare decisions all ranks must share."
-    if not is_distributed(): return obj
+    if not is_distributed():
+        return obj
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
@@ -78,6 +92,7 @@ def broadcast_object(obj, src=0):
 def rank_seed(seed, rank):
     "A seed for `rank` derived from `seed`: distinct per rank, and unrelated to `seed`'s own stream."
     return int(np.random.SeedSequence([seed % 2**64, rank]).generate_state(1, np.uint64)[0] % 2**63)
+
 
 def seed_rank_streams(seed, rank):
     "Seed torch, `random` and NumPy with `rank_seed(seed, rank)`: augmentation and loader workers differ per rank."
@@ -89,46 +104,76 @@ def seed_rank_streams(seed, rank):
 # %% ../nbs/15_distributed.ipynb #d5d91449
 def shard_loader(dl, shuffle=None, seed=0, rank=None, world=None):
     "`dl` re-made with a `DistributedSampler`: same dataset, batch size, shuffle, drop_last, collate_fn and workers."
-    if isinstance(getattr(dl, 'sampler', None), DistributedSampler): return dl  # sharded already
-    if not isinstance(dl, DataLoader) or isinstance(dl.dataset, IterableDataset): return dl  # iterables shard themselves
+    if isinstance(getattr(dl, 'sampler', None), DistributedSampler):
+        return dl  # sharded already
+    if not isinstance(dl, DataLoader) or isinstance(dl.dataset, IterableDataset):
+        return dl  # iterables shard themselves
     if dl.batch_size is None or not isinstance(dl.sampler, (RandomSampler, SequentialSampler)):
-        raise ValueError('cannot shard a DataLoader with a custom sampler or batch_sampler: give it a '
-                         'torch.utils.data.DistributedSampler yourself (see nbs/15_distributed.ipynb)')
+        raise ValueError(
+            'cannot shard a DataLoader with a custom sampler or batch_sampler: give it a '
+            'torch.utils.data.DistributedSampler yourself (see nbs/15_distributed.ipynb)'
+        )
     if isinstance(dl.sampler, RandomSampler) and (dl.sampler.replacement or dl.sampler.num_samples != len(dl.dataset)):
-        raise ValueError(f'cannot shard a DataLoader whose RandomSampler draws {dl.sampler.num_samples} of '
-                         f'{len(dl.dataset)} examples{" with replacement" if dl.sampler.replacement else ""}: '
-                         'a DistributedSampler makes whole passes. For a fixed number of steps per epoch use an endless '
-                         'IterableDataset sharded by rank() with fit(steps=..., eval_every=...) '
-                         '(nbs/tutorials/tf_distribute.ipynb)')
-    if rank is None: rank = dist.get_rank() if is_distributed() else 0
-    if world is None: world = dist.get_world_size() if is_distributed() else 1
-    if shuffle is None: shuffle = isinstance(dl.sampler, RandomSampler)
+        raise ValueError(
+            f'cannot shard a DataLoader whose RandomSampler draws {dl.sampler.num_samples} of '
+            f'{len(dl.dataset)} examples{" with replacement" if dl.sampler.replacement else ""}: '
+            'a DistributedSampler makes whole passes. For a fixed number of steps per epoch use an endless '
+            'IterableDataset sharded by rank() with fit(steps=..., eval_every=...) '
+            '(nbs/tutorials/tf_distribute.ipynb)'
+        )
+    if rank is None:
+        rank = dist.get_rank() if is_distributed() else 0
+    if world is None:
+        world = dist.get_world_size() if is_distributed() else 1
+    if shuffle is None:
+        shuffle = isinstance(dl.sampler, RandomSampler)
     g = getattr(dl.sampler, 'generator', None) or dl.generator
-    if g is not None: seed = g.initial_seed()  # the user's shuffle seed, the same on every rank
+    if g is not None:
+        seed = g.initial_seed()  # the user's shuffle seed, the same on every rank
     sampler = DistributedSampler(dl.dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
     # worker seeds come from the loader's generator, or the global stream (already rank-distinct): keep them distinct
-    workers_g = torch.Generator().manual_seed(rank_seed(dl.generator.initial_seed(), rank)) if dl.generator is not None else None
+    workers_g = (
+        torch.Generator().manual_seed(rank_seed(dl.generator.initial_seed(), rank))
+        if dl.generator is not None
+        else None
+    )
     extra = dict(prefetch_factor=dl.prefetch_factor) if dl.num_workers else {}
-    return DataLoader(dl.dataset, batch_size=dl.batch_size, sampler=sampler, num_workers=dl.num_workers,
-                      collate_fn=dl.collate_fn, pin_memory=dl.pin_memory, drop_last=dl.drop_last, timeout=dl.timeout,
-                      worker_init_fn=dl.worker_init_fn, multiprocessing_context=dl.multiprocessing_context,
-                      generator=workers_g, persistent_workers=dl.persistent_workers, **extra)
+    return DataLoader(
+        dl.dataset,
+        batch_size=dl.batch_size,
+        sampler=sampler,
+        num_workers=dl.num_workers,
+        collate_fn=dl.collate_fn,
+        pin_memory=dl.pin_memory,
+        drop_last=dl.drop_last,
+        timeout=dl.timeout,
+        worker_init_fn=dl.worker_init_fn,
+        multiprocessing_context=dl.multiprocessing_context,
+        generator=workers_g,
+        persistent_workers=dl.persistent_workers,
+        **extra,
+    )
+
 
 def padded_position(dl):
     "(batch index, row) of the one example `dl`'s `DistributedSampler` repeats on this rank to even out the ranks, or None."
     s = getattr(dl, 'sampler', None)
-    if not isinstance(s, DistributedSampler) or s.drop_last or getattr(dl, 'batch_size', None) is None: return None
+    if not isinstance(s, DistributedSampler) or s.drop_last or getattr(dl, 'batch_size', None) is None:
+        return None
     last = s.num_samples - 1  # padding is at most one example per rank: its last
-    if s.rank + last * s.num_replicas < len(s.dataset): return None
+    if s.rank + last * s.num_replicas < len(s.dataset):
+        return None
     b, row = divmod(last, dl.batch_size)
-    if dl.drop_last and s.num_samples % dl.batch_size: return None  # its batch is dropped anyway
+    if dl.drop_last and s.num_samples % dl.batch_size:
+        return None  # its batch is dropped anyway
     return b, row
 
 # %% ../nbs/15_distributed.ipynb #63470e63
 def global_batch_size(dl, i):
     "Real examples (padding left out) in batch `i` of `dl`, summed over the ranks, from its `DistributedSampler` alone; None if it cannot tell."
     s = getattr(dl, 'sampler', None)
-    if not isinstance(s, DistributedSampler) or getattr(dl, 'batch_size', None) is None: return None
+    if not isinstance(s, DistributedSampler) or getattr(dl, 'batch_size', None) is None:
+        return None
     per_rank, world = dl.batch_size, s.num_replicas
     real = min(len(s.dataset), s.total_size)  # sampler positions below this are real examples, above it repeats
     start, end = i * per_rank * world, min((i + 1) * per_rank, s.num_samples) * world  # batch i's positions, all ranks
@@ -137,15 +182,18 @@ def global_batch_size(dl, i):
 # %% ../nbs/15_distributed.ipynb #e416cf2e
 def _describe(v):
     "What a rank holds for one state: None, or (shape, is_float)."
-    if v is None: return None
+    if v is None:
+        return None
     t = torch.as_tensor(v)
     return tuple(t.shape), t.is_floating_point()
+
 
 def sync_metrics(metrics, device):
     "Sum the metrics' declared states (sums, counts, confusion matrices) over the ranks, in place: one all-reduce."
     local = [m for m in metrics if getattr(m, 'states', None) is not None]
     leaves = [leaf for m in local for leaf in state_leaves(m)]
-    if not leaves: return
+    if not leaves:
+        return
     described = [_describe(getattr(o, n)) for o, n in leaves]
     everyone = [None] * world_size()
     dist.all_gather_object(everyone, described)  # a rank may not have seen a batch, or only weighted ones
@@ -153,17 +201,23 @@ def sync_metrics(metrics, device):
     for i in range(len(leaves)):
         seen = [d[i] for d in everyone if d[i] is not None]
         kinds.append(None if not seen else (seen[0][0], any(f for _, f in seen)))
-    parts = [torch.zeros(k[0], dtype=torch.float64, device=device).reshape(-1) if getattr(o, n) is None
-             else torch.as_tensor(getattr(o, n), device=device).double().reshape(-1)
-             for (o, n), k in zip(leaves, kinds) if k is not None]
+    parts = [
+        torch.zeros(k[0], dtype=torch.float64, device=device).reshape(-1)
+        if getattr(o, n) is None
+        else torch.as_tensor(getattr(o, n), device=device).double().reshape(-1)
+        for (o, n), k in zip(leaves, kinds)
+        if k is not None
+    ]
     flat = torch.cat(parts)
     dist.all_reduce(flat)
-    for ((owner, name), kind) in zip(leaves, kinds):
-        if kind is None: continue
+    for (owner, name), kind in zip(leaves, kinds):
+        if kind is None:
+            continue
         shape, is_float = kind
         n = int(np.prod(shape)) if shape else 1
         value, flat = flat[:n].reshape(shape), flat[n:]
         setattr(owner, name, value if is_float else value.round().long())
+
 
 def gather_metrics(metrics):
     "Concatenate what the metrics keep per prediction (`gathered`: a `FunctionMetric`'s predictions) over the ranks, in place."
@@ -174,6 +228,7 @@ def gather_metrics(metrics):
             dist.all_gather_object(everyone, torch.cat(local).cpu() if local else None)  # one transfer per evaluation
             setattr(m, name, [t for t in everyone if t is not None])
 
+
 def sync_training_stats(recorder, device, keep=True):
     "Sum the Recorder's training loss since the last row and its training metrics over the ranks: a row's values are global."
     recorder.flush()
@@ -182,17 +237,26 @@ def sync_training_stats(recorder, device, keep=True):
     recorder.since_row = since.tolist()
     sync_metrics(recorder.train_metrics, device)
     gather_metrics(recorder.train_metrics)
-    if not keep: recorder.clear_since_row()  # rank 0 holds the global sums from here on
+    if not keep:
+        recorder.clear_since_row()  # rank 0 holds the global sums from here on
+
 
 def hold_training_stats_on_rank_0(learn):
     "Before a checkpoint: rank 0 takes the global sums since the last row (which it saves), the others start from zero."
     sync_training_stats(learn.recorder, learn.device, keep=learn.main_process)
 
+
 class _SyncAtEnd:
     "Iterate a sharded evaluation loader, then sum the metric states over the ranks: `compute()` follows the loop."
-    def __init__(self, dl, learn): self.dl, self.learn = dl, learn
-    def __len__(self): return len(self.dl)
-    def __getattr__(self, name): return getattr(self.dl, name)
+
+    def __init__(self, dl, learn):
+        self.dl, self.learn = dl, learn
+
+    def __len__(self):
+        return len(self.dl)
+
+    def __getattr__(self, name):
+        return getattr(self.dl, name)
 
     def __iter__(self):
         yield from self.dl
@@ -203,10 +267,17 @@ class _SyncAtEnd:
 # %% ../nbs/15_distributed.ipynb #e7e4f039
 def sync_batchnorm_stats(model):
     "Average the running means and variances of BatchNorm-like layers over the ranks, in place (SyncBatchNorm's agree already)."
-    if not is_distributed(): return
-    buffers = [b for m in model.modules() if getattr(m, 'track_running_stats', False) and not isinstance(m, nn.SyncBatchNorm)
-               for b in (getattr(m, 'running_mean', None), getattr(m, 'running_var', None)) if isinstance(b, torch.Tensor)]
-    if not buffers: return
+    if not is_distributed():
+        return
+    buffers = [
+        b
+        for m in model.modules()
+        if getattr(m, 'track_running_stats', False) and not isinstance(m, nn.SyncBatchNorm)
+        for b in (getattr(m, 'running_mean', None), getattr(m, 'running_var', None))
+        if isinstance(b, torch.Tensor)
+    ]
+    if not buffers:
+        return
     flat = torch.cat([b.detach().double().reshape(-1) for b in buffers])
     dist.all_reduce(flat)
     flat /= dist.get_world_size()
@@ -221,37 +292,46 @@ def _no_buffer_broadcast():
     names = inspect.signature(nn.parallel.DistributedDataParallel).parameters
     return {'forward_sync_buffers': False} if 'forward_sync_buffers' in names else {'broadcast_buffers': False}
 
+
 def request_stop(learn):
     "From a callback: end the fit. One process: `CancelFitException` now. DDP: every rank raises it at the same batch, soon."
     learn.strategy.request_stop()
+
 
 def _fingerprint(t):
     "Two sums of a tensor's values, plain and position-weighted: equal batches give equal pairs."
     f = t.detach().double().flatten()
     return torch.stack([f.sum(), (f * torch.arange(1, f.numel() + 1, device=f.device, dtype=f.dtype)).sum()])
 
+
 def identical_on_every_rank(batch):
     "Is `batch` the same on every rank? Compared by a fingerprint of its tensors, in one all-gather."
     items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else [batch]
     tensors = [t for t in items if torch.is_tensor(t)]
-    if not tensors: return False
+    if not tensors:
+        return False
     mine = torch.cat([_fingerprint(t) for t in tensors])
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)
     return all(torch.equal(every[0], other) for other in every[1:])
 
-class DistributedTrainer(SingleProcess, Callback):
+
+class DistributedTrainer(SingleProcess, name='ddp'):
     "The DDP strategy: wraps the model, shards loaders, masks sampler padding, counts the global batch, syncs metrics and stops all ranks together."
-    order, distributed = Order.DEFAULT, True
+
+    distributed = True
 
     def __init__(self, sync_bn=False, check_every=16):
-        if not (isinstance(check_every, int) and check_every > 0): raise ValueError(f'check_every must be an int > 0, got {check_every!r}')
+        if not (isinstance(check_every, int) and check_every > 0):
+            raise ValueError(f'check_every must be an int > 0, got {check_every!r}')
         self.sync_bn, self.check_every, self.stop_requested = sync_bn, check_every, False
         self.train_pad = self.valid_pad = self.eval_rows = None
+        self._since_check, self._signal_seen, self._signal_agreed = 0, 0, None  # a preemption signal: here, and agreed
         self._sharded = weakref.WeakKeyDictionary()  # evaluation loader -> its shard
 
     @property
-    def main_process(self): return self.rank == 0
+    def main_process(self):
+        return self.rank == 0
 
     def prepare(self, model, device, train_dl, precision=None):
         "Join the process group, wrap `model` (DDP) on `device`, shard `train_dl`, then give each rank its own streams."
@@ -266,34 +346,44 @@ class DistributedTrainer(SingleProcess, Callback):
 
     def wrap(self, model, device, precision=None):
         "`model` in DDP (SyncBatchNorm first with `sync_bn`); the FSDP strategy shards it instead."
-        return nn.parallel.DistributedDataParallel(self.convert_bn(model, device),
-                                                   device_ids=[device.index] if device.type == 'cuda' else None,
-                                                   **_no_buffer_broadcast())
+        return nn.parallel.DistributedDataParallel(
+            self.convert_bn(model, device),
+            device_ids=[device.index] if device.type == 'cuda' else None,
+            **_no_buffer_broadcast(),
+        )
 
     def convert_bn(self, model, device):
         "With `sync_bn`, BatchNorm layers made SyncBatchNorm (GPUs only)."
-        if not self.sync_bn: return model
-        if device.type == 'cpu': raise ValueError('sync_bn=True needs GPUs: PyTorch has no SyncBatchNorm on the CPU')
+        if not self.sync_bn:
+            return model
+        if device.type == 'cpu':
+            raise ValueError('sync_bn=True needs GPUs: PyTorch has no SyncBatchNorm on the CPU')
         return nn.SyncBatchNorm.convert_sync_batchnorm(model)  # keeps the Parameter objects
 
-    def sync_gradients(self, model, sync):
+    def sync_gradients(self, learn, sync):
         "Whether this micro-batch's backward reduces the gradients over the ranks (DDP's `no_sync` when False)."
-        model.require_backward_grad_sync = sync
+        learn.model.require_backward_grad_sync = sync
 
     # ---- the strategy's collectives ----
-    def barrier(self): barrier()
-    def broadcast_object(self, obj): return broadcast_object(obj)
+    def barrier(self):
+        barrier()
+
+    def broadcast_object(self, obj):
+        return broadcast_object(obj)
 
     def gather_object(self, obj):
         "Every rank's `obj`, in rank order, on every rank (pickled: for per-rank state at checkpoints)."
         everyone = [None] * self.world
         dist.all_gather_object(everyone, obj)
         return everyone
-    def request_stop(self): self.stop_requested = True  # read at the next check, from any thread
+
+    def request_stop(self):
+        self.stop_requested = True  # read at the next check, from any thread
 
     def agreed_signal(self, received):
         "The signal every rank acts on: None until a periodic check finds one on a rank, then the same on every rank."
-        if received: self._signal_seen = received  # carried by the next check: no collective of its own
+        if received:
+            self._signal_seen = received  # carried by the next check: no collective of its own
         return self._signal_agreed
 
     def before_save(self, learn):
@@ -305,7 +395,8 @@ class DistributedTrainer(SingleProcess, Callback):
         "The example the sampler repeated to even out the ranks gets weight 0, and counts nowhere."
         self._user_weights = weights is not None  # the user's own weights: only an all-reduce can count them
         pad = self.train_pad if learn.training else self.valid_pad
-        if pad is None or learn.iter != pad[0]: return weights
+        if pad is None or learn.iter != pad[0]:
+            return weights
         n = batch_size(learn.yb if learn.yb is not None else learn.xb)
         w = torch.ones(n, device=learn.device) if weights is None else weights.clone()
         w[pad[1]] = 0
@@ -314,22 +405,30 @@ class DistributedTrainer(SingleProcess, Callback):
     def count_examples(self, learn):
         "Make the step's and the batch's example counts global, divided by the world size: DDP averages the ranks' gradients."
         window, dl = learn.window, learn.train_dl
-        self.sync_gradients(learn.model, not window.accumulating)  # no_sync inside a window
+        if self._compare_first_batch:
+            self._warn_if_not_sharded(learn.batch)
+        self.sync_gradients(learn, not window.accumulating)  # no_sync inside a window
         if self._global_sizes and not self._user_weights and learn.tokens is None:  # from the sampler: no communication
             window.batch_examples = global_batch_size(dl, learn.iter) / self.world
             if window.index == 0:
-                window.step_examples = sum(global_batch_size(dl, i) for i in range(learn.iter, learn.iter + window.size)) / self.world
+                window.step_examples = (
+                    sum(global_batch_size(dl, i) for i in range(learn.iter, learn.iter + window.size)) / self.world
+                )
             return
         total = torch.as_tensor(learn.bs, dtype=torch.float32, device=learn.device).reshape(1).clone()
         dist.all_reduce(total)  # one scalar per micro-batch, on the device: no host sync
         window.batch_examples = total[0] / self.world
-        if window.size == 1: window.step_examples = window.batch_examples  # exact; longer windows are corrected at the step
+        if window.size == 1:
+            window.step_examples = window.batch_examples  # exact; longer windows are corrected at the step
 
     def eval_loader(self, learn, dl):
         "A shard of an evaluation `DataLoader`, whose metric states are summed over the ranks at its end."
+        sync_batchnorm_stats(learn.model)  # every rank evaluates (and checkpoints) the same model
         self.valid_pad, self.eval_rows = None, None
-        if not isinstance(dl, DataLoader): return dl  # e.g. a list of batches: each rank evaluates all of it, unsummed
-        if dl not in self._sharded: self._sharded[dl] = shard_loader(dl, shuffle=False, seed=self.seed)
+        if not isinstance(dl, DataLoader):
+            return dl  # e.g. a list of batches: each rank evaluates all of it, unsummed
+        if dl not in self._sharded:
+            self._sharded[dl] = shard_loader(dl, shuffle=False, seed=self.seed)
         sharded = self._sharded[dl]
         self.valid_pad = padded_position(sharded)
         self.eval_rows = 'dealt' if isinstance(getattr(sharded, 'sampler', None), DistributedSampler) else 'by rank'
@@ -337,97 +436,112 @@ class DistributedTrainer(SingleProcess, Callback):
 
     def gather_rows(self, rows):
         "Every rank's rows of the last sharded evaluation: in the dataset's order when a sampler dealt them, else by rank."
-        if rows is None or self.eval_rows is None: return rows
+        if rows is None or self.eval_rows is None:
+            return rows
         parts = self.gather_object(rows)
-        if self.eval_rows == 'by rank': return torch.cat(parts)  # an iterable dataset split its stream itself
+        if self.eval_rows == 'by rank':
+            return torch.cat(parts)  # an iterable dataset split its stream itself
         out = rows.new_empty((sum(len(p) for p in parts), *rows.shape[1:]))  # example i went to rank i % world
-        for r, part in enumerate(parts): out[r::self.world] = part  # padding was left out: it came last
+        for r, part in enumerate(parts):
+            out[r :: self.world] = part  # padding was left out: it came last
         return out
 
-    def state_dict(self): return {'world': self.world}
+    def state_dict(self):
+        return {'world': self.world}
 
     def rewrap(self, model):
         "The trainable parameters changed (freeze, unfreeze): a new DDP wrapper, whose buckets hold those that train."
         if hasattr(model, '_orig_mod'):
-            raise ValueError('freezing or unfreezing a compiled DDP model would need a new compile: freeze before '
-                             'Learner(compile=...) (pass a model whose parameters already have requires_grad set)')
+            raise ValueError(
+                'freezing or unfreezing a compiled DDP model would need a new compile: freeze before '
+                'Learner(compile=...) (pass a model whose parameters already have requires_grad set)'
+            )
         return nn.parallel.DistributedDataParallel(model.module, device_ids=model.device_ids, **_no_buffer_broadcast())
 
-    # ---- events ----
-    def before_fit(self):
-        self.stop_requested, self.learn.recorder.nonfinite, self._since_check = False, None, 0
+    # ---- what the loop calls at its points of a fit ----
+    def start_fit(self, learn):
+        self.stop_requested, learn.recorder.nonfinite, self._since_check = False, None, 0
         self._signal_seen, self._signal_agreed = 0, None  # a preemption signal: received here, and known to all
-        self._unsynced = False  # gradients accumulated under no_sync that no synced backward has averaged yet
-        self._compare_first_batch = not isinstance(getattr(self.learn.train_dl, 'sampler', None), DistributedSampler)
+        self._compare_first_batch = not isinstance(getattr(learn.train_dl, 'sampler', None), DistributedSampler)
 
-    def before_batch(self):
-        if not (self.learn.training and self._compare_first_batch): return
+    def _warn_if_not_sharded(self, batch):
         self._compare_first_batch = False  # once per fit: one small all-gather
-        if identical_on_every_rank(self.learn.batch):
-            warnings.warn('every rank got the same first training batch: the training loader is not sharded by rank '
-                          '(an IterableDataset must split its stream itself, e.g. by nbtrainer.rank() and '
-                          'world_size(), or by torch.utils.data.get_worker_info()), so the ranks train on the same '
-                          'examples and the world adds nothing', stacklevel=2)
+        if identical_on_every_rank(batch):
+            warnings.warn(
+                'every rank got the same first training batch: the training loader is not sharded by rank '
+                '(an IterableDataset must split its stream itself, e.g. by nbtrainer.rank() and '
+                'world_size(), or by torch.utils.data.get_worker_info()), so the ranks train on the same '
+                'examples and the world adds nothing',
+                stacklevel=2,
+            )
 
-    def before_train(self):
-        dl = self.learn.train_dl
+    def start_train(self, learn):
+        dl = learn.train_dl
         sampler = getattr(dl, 'sampler', None)
-        if hasattr(sampler, 'set_epoch'): sampler.set_epoch(self.learn.epoch)  # a new shuffle each epoch, the same on all ranks
+        if hasattr(sampler, 'set_epoch'):
+            sampler.set_epoch(learn.epoch)  # a new shuffle, the same on every rank
         self._global_sizes = global_batch_size(dl, 0) is not None  # the sampler tells each batch's global count
 
-    def before_validate(self): sync_batchnorm_stats(self.learn.model)  # every rank evaluates (and checkpoints) the same model
+    def end_evaluation(self, learn):
+        sync_training_stats(learn.recorder, learn.device)  # before the row is made
 
-    def after_validate(self):
-        if self.learn.evaluating: sync_training_stats(self.learn.recorder, self.learn.device)  # before the row is made
+    def unreduced(self, learn):
+        "Did the window's last backward run under `no_sync`, leaving its gradients unreduced?"
+        return not learn.window.closed
 
-    def after_backward(self): self._unsynced = self.learn.accumulating
-
-    def before_step(self):
+    def sync_window(self, learn):
         "A window whose last micro-batch never reached backward (cancelled, or a loader without a length): average by hand."
-        if not self._unsynced: return
-        grads = [p.grad for p in self.learn.model.parameters() if p.grad is not None]
+        if not self.unreduced(learn):
+            return
+        grads = [p.grad for p in learn.model.parameters() if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat)
         flat /= self.world
         for g in grads:
-            g.copy_(flat[:g.numel()].view_as(g))
-            flat = flat[g.numel():]
-        self._unsynced = False
+            g.copy_(flat[: g.numel()].view_as(g))
+            flat = flat[g.numel() :]
 
-    def after_batch(self):
-        if not self.learn.training: return
+    def end_batch(self, learn):
         self._since_check += 1
-        if self._since_check >= self.check_every: self._check_stop()
+        if self._since_check >= self.check_every:
+            self._check_stop(learn)
 
-    def after_train(self): self._check_stop()
+    def end_train(self, learn):
+        self._check_stop(learn)
 
-    def _check_stop(self):
+    def _check_stop(self, learn):
         "Every rank learns whether any rank asked to stop, saw a non-finite loss or got a signal: one tiny all-reduce."
-        learn, self._since_check = self.learn, 0
+        self._since_check = 0
         learn.recorder.flush()  # its NaN check: the host read happens now anyway
-        flags = torch.tensor([self.stop_requested, learn.recorder.nonfinite is not None, self._signal_seen],
-                             dtype=torch.int32, device=learn.device)
+        flags = torch.tensor(
+            [self.stop_requested, learn.recorder.nonfinite is not None, self._signal_seen],
+            dtype=torch.int32,
+            device=learn.device,
+        )
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         stop, nonfinite, signum = flags.tolist()  # the host read: once per check_every batches
         if nonfinite:
             raise learn.recorder.nonfinite or NonFiniteLossError(
-                'the training loss became non-finite on another rank: training stopped on every rank.')
-        if signum: self._signal_agreed = signum  # Preemption saves and stops at the next step boundary
-        elif stop: raise CancelFitException()
-
-# %% ../nbs/15_distributed.ipynb #d4a75ff5
-Learner.distributed_factory = lambda sync_bn: DistributedTrainer(sync_bn=sync_bn)  # what the Learner adds under DDP
-Learner.strategy_factories['ddp'] = Learner.distributed_factory
+                'the training loss became non-finite on another rank: training stopped on every rank.'
+            )
+        if signum:
+            self._signal_agreed = signum  # Preemption saves and stops at the next step boundary
+        elif stop:
+            raise CancelFitException()
 
 # %% ../nbs/15_distributed.ipynb #6212ae61
-_CUDA_ERROR = ('CUDA was initialised in this kernel before launch(): worker processes forked from it cannot use CUDA. '
-               'Restart the kernel and call launch() before anything touches the GPU (no .cuda() / .to("cuda") and no '
-               'torch.cuda calls in the notebook itself: do them inside train_fn), or run the code as a script with torchrun.')
+_CUDA_ERROR = (
+    'CUDA was initialised in this kernel before launch(): worker processes forked from it cannot use CUDA. '
+    'Restart the kernel and call launch() before anything touches the GPU (no .cuda() / .to("cuda") and no '
+    'torch.cuda calls in the notebook itself: do them inside train_fn), or run the code as a script with torchrun.'
+)
+
 
 def _free_port():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         return s.getsockname()[1]
+
 
 def _leave_jupyter():
     "In a worker: text progress bars and no inline display, since only the kernel process can talk to the notebook."
@@ -435,12 +549,16 @@ def _leave_jupyter():
 
     class OneLine(tqdm.std.tqdm):
         "A text bar on the output's one line: a cell does not render the cursor moves of stacked bars."
-        def __init__(self, *args, **kwargs): super().__init__(*args, **{**kwargs, 'position': 0})
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, 'position': 0})
 
     sys.modules['tqdm.auto'] = types.SimpleNamespace(tqdm=OneLine)  # what `from tqdm.auto import tqdm` finds
     if 'IPython' in sys.modules:
         from IPython.core.interactiveshell import InteractiveShell
+
         InteractiveShell.clear_instance()
+
 
 def _worker(rank_, world, port, backend, timeout, threads, out, result, payload):
     fd = out.fileno()
@@ -449,60 +567,92 @@ def _worker(rank_, world, port, backend, timeout, threads, out, result, payload)
     sys.stdout = io.open(1, 'w', buffering=1, encoding='utf-8', errors='replace', closefd=False)
     sys.stderr = io.open(2, 'w', buffering=1, encoding='utf-8', errors='replace', closefd=False)
     _leave_jupyter()
-    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank_), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank_), LOCAL_WORLD_SIZE=str(world))
-    if threads: torch.set_num_threads(threads)
+    os.environ.update(
+        MASTER_ADDR='127.0.0.1',
+        MASTER_PORT=str(port),
+        RANK=str(rank_),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank_),
+        LOCAL_WORLD_SIZE=str(world),
+    )
+    if threads:
+        torch.set_num_threads(threads)
     fn, args, kwargs = payload if isinstance(payload, tuple) else _loads(payload)
     try:
         init_distributed(backend, timeout)
         value = fn(*args, **kwargs)
         if rank_ == 0:
-            try: result.send_bytes(pickle.dumps(value))  # by value: the worker's shared memory ends with it
+            try:
+                result.send_bytes(pickle.dumps(value))  # by value: the worker's shared memory ends with it
             except Exception as e:
-                raise TypeError(f'launch() returns rank 0\'s result by pickling it, and this failed: {e}. '
-                                'Return plain data (history, metrics, a state_dict), not a Learner') from e
+                raise TypeError(
+                    f'launch() returns rank 0\'s result by pickling it, and this failed: {e}. '
+                    'Return plain data (history, metrics, a state_dict), not a Learner'
+                ) from e
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        if is_distributed(): dist.destroy_process_group()
+        if is_distributed():
+            dist.destroy_process_group()
+
 
 def _dumps(obj):
-    try: import cloudpickle
-    except ImportError: import pickle as cloudpickle  # then train_fn must be importable (defined in a module)
+    try:
+        import cloudpickle
+    except ImportError:
+        import pickle as cloudpickle  # then train_fn must be importable (defined in a module)
     return cloudpickle.dumps(obj)
 
-def _loads(data): return pickle.loads(data)
+
+def _loads(data):
+    return pickle.loads(data)
+
 
 def launch(train_fn, nprocs=2, args=(), kwargs=None, timeout=None, backend=None, threads=1, start_method=None):
     "Run `train_fn(*args, **kwargs)` in `nprocs` processes joined in a process group; stream rank 0's output, return its result."
-    if torch.cuda.is_initialized(): raise RuntimeError(_CUDA_ERROR)
-    if is_distributed(): raise RuntimeError('launch() starts its own process group: call it from a process that is not in one')
-    if not (isinstance(nprocs, int) and nprocs >= 1): raise ValueError(f'nprocs must be an int >= 1, got {nprocs!r}')
+    if torch.cuda.is_initialized():
+        raise RuntimeError(_CUDA_ERROR)
+    if is_distributed():
+        raise RuntimeError('launch() starts its own process group: call it from a process that is not in one')
+    if not (isinstance(nprocs, int) and nprocs >= 1):
+        raise ValueError(f'nprocs must be an int >= 1, got {nprocs!r}')
     method = start_method or ('fork' if 'fork' in mp.get_all_start_methods() else 'spawn')
     ctx = mp.get_context(method)
     payload = (train_fn, tuple(args), dict(kwargs or {}))
-    if method != 'fork': payload = _dumps(payload)  # by value (cloudpickle), so functions defined in a notebook work
+    if method != 'fork':
+        payload = _dumps(payload)  # by value (cloudpickle), so functions defined in a notebook work
     timeout = timeout or DEFAULT_TIMEOUT
     port, procs, outs = _free_port(), [], []
     result_r, result_w = ctx.Pipe(duplex=False)
     with warnings.catch_warnings():
-        warnings.filterwarnings('ignore', message='.*use of fork\\(\\) may lead to deadlocks.*')  # see the notebook: fork is the point
+        warnings.filterwarnings(
+            'ignore', message='.*use of fork\\(\\) may lead to deadlocks.*'
+        )  # see the notebook: fork is the point
         for r in range(nprocs):
             out_r, out_w = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_worker, name=f'nbtrainer-rank{r}', daemon=False,  # daemons may not start loader workers
-                            args=(r, nprocs, port, backend, timeout, threads, out_w, result_w if r == 0 else None, payload))
+            p = ctx.Process(
+                target=_worker,
+                name=f'nbtrainer-rank{r}',
+                daemon=False,  # daemons may not start loader workers
+                args=(r, nprocs, port, backend, timeout, threads, out_w, result_w if r == 0 else None, payload),
+            )
             p.start()
             out_w.close()
             procs.append(p)
             outs.append(out_r)
     result_w.close()
-    try: return _supervise(procs, outs, result_r, timeout)
+    try:
+        return _supervise(procs, outs, result_r, timeout)
     finally:
         for p in procs:
-            if p.is_alive(): p.terminate()
-        for p in procs: p.join(5)
+            if p.is_alive():
+                p.terminate()
         for p in procs:
-            if p.is_alive(): p.kill()
+            p.join(5)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+
 
 def _supervise(procs, outs, result_r, timeout):
     "Stream rank 0's output, keep the others' tails, and stop everything as soon as one rank fails."
@@ -514,8 +664,10 @@ def _supervise(procs, outs, result_r, timeout):
         ready = select.select(watch, [], [], 0.1)[0] if watch else []
         for fd in ready:
             if fd == result_r.fileno():
-                try: result, got = pickle.loads(result_r.recv_bytes()), True
-                except EOFError: got = True  # rank 0 ended without a result: its exit code says why
+                try:
+                    result, got = pickle.loads(result_r.recv_bytes()), True
+                except EOFError:
+                    got = True  # rank 0 ended without a result: its exit code says why
                 continue
             r, data = streams[fd], os.read(fd, 65536)
             if not data:
@@ -533,29 +685,37 @@ def _supervise(procs, outs, result_r, timeout):
             raise RuntimeError(_failure_report(procs, failed[0], tails, timeout))
         if all(c == 0 for c in codes) and not ready:
             if not got:  # the result may still be in the pipe
-                if result_r.poll(0.5): continue
+                if result_r.poll(0.5):
+                    continue
                 raise RuntimeError('rank 0 ended without returning a result')
             return result
+
 
 def _drain(streams, decoders, tails):
     "Read what the ranks wrote before they stopped, so that a report quotes their last lines."
     while streams and (ready := select.select(list(streams), [], [], 0.2)[0]):
         for fd in ready:
             data = os.read(fd, 65536)
-            if data: tails[streams[fd]] = (tails[streams[fd]] + decoders[streams[fd]].decode(data))[-4000:]
-            else: del streams[fd]
+            if data:
+                tails[streams[fd]] = (tails[streams[fd]] + decoders[streams[fd]].decode(data))[-4000:]
+            else:
+                del streams[fd]
+
 
 def _failure_report(procs, first, tails, timeout):
     "Name the rank to blame: one that died, or one that hung while another timed out waiting for it."
     r, code = first
     alive = [i for i, p in enumerate(procs) if p.exitcode is None]
     for p in procs:
-        if p.exitcode is None: p.terminate()  # the watchdog: no rank waits on a dead peer
+        if p.exitcode is None:
+            p.terminate()  # the watchdog: no rank waits on a dead peer
     waited = re.search(r'timed? ?out|timeout', tails[r], re.IGNORECASE)
     if waited and alive:  # r gave up waiting in a collective for ranks that were still running: those hung
         hung = ', '.join(map(str, alive))
-        return (f'rank {hung} hung: it was still running, without answering, when rank {r} timed out waiting for it in '
-                f'a collective (after {timeout:g} s). Look at what rank {hung} was doing; its output ended with:\n'
-                f'{tails[alive[0]][-1500:]}\n'
-                f'rank {r} exited with code {code}; its output ended with:\n{tails[r][-1500:]}')
+        return (
+            f'rank {hung} hung: it was still running, without answering, when rank {r} timed out waiting for it in '
+            f'a collective (after {timeout:g} s). Look at what rank {hung} was doing; its output ended with:\n'
+            f'{tails[alive[0]][-1500:]}\n'
+            f'rank {r} exited with code {code}; its output ended with:\n{tails[r][-1500:]}'
+        )
     return f'rank {r} exited with code {code}; the other ranks were stopped. Its output ended with:\n{tails[r][-2000:]}'

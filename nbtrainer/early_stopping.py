@@ -19,15 +19,27 @@ from .recorder import check_monitor, monitored_value
 # %% ../nbs/08a_early_stopping.ipynb #fbd34679
 class EarlyStopping(Callback):
     "Stop the fit when `monitor` has not improved by more than `min_delta` for `patience` evaluations."
+
     order = Order.SAVE + 5  # after a Checkpointer has saved this evaluation's best
 
     def __init__(self, monitor=None, mode='min', patience=3, min_delta=0.0, restore_best=False):
-        if mode not in ('min', 'max'): raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        if not (isinstance(patience, int) and patience >= 0): raise ValueError(f'patience must be an int >= 0, got {patience!r}')
+        if mode not in ('min', 'max'):
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        if not (isinstance(patience, int) and patience >= 0):
+            raise ValueError(f'patience must be an int >= 0, got {patience!r}')
         if not (isinstance(min_delta, (int, float)) and math.isfinite(min_delta) and min_delta >= 0):
             raise ValueError(f'min_delta must be a finite number >= 0, got {min_delta!r}')
-        self.monitor, self.mode, self.patience, self.min_delta, self.restore_best = monitor, mode, patience, min_delta, restore_best
-        self._monitor_asked, self.monitor = monitor, monitor or 'valid_loss'  # None: valid_loss, or train_loss without validation
+        self.monitor, self.mode, self.patience, self.min_delta, self.restore_best = (
+            monitor,
+            mode,
+            patience,
+            min_delta,
+            restore_best,
+        )
+        self._monitor_asked, self.monitor = (
+            monitor,
+            monitor or 'valid_loss',
+        )  # None: valid_loss, or train_loss without validation
         self._reset()
         self._restored = False
 
@@ -35,44 +47,70 @@ class EarlyStopping(Callback):
         self.best, self.best_step, self.wait, self.best_weights = math.nan, None, 0, None
 
     def _improved(self, value):
-        if math.isnan(value): return False
-        if math.isnan(self.best): return True
+        if math.isnan(value):
+            return False
+        if math.isnan(self.best):
+            return True
         return value < self.best - self.min_delta if self.mode == 'min' else value > self.best + self.min_delta
 
     def _checkpointer(self):
         "A Checkpointer that keeps the best by the same monitor: its best file serves restore_best."
-        return next((cb for cb in self.learn.cbs if getattr(cb, 'keeps_checkpoints', False) and cb.keep_best
-                     and cb.monitor == self.monitor and cb.mode == self.mode), None)
+        return next(
+            (
+                cb
+                for cb in self.learn.cbs
+                if getattr(cb, 'keeps_checkpoints', False)
+                and cb.keep_best
+                and cb.monitor == self.monitor
+                and cb.mode == self.mode
+            ),
+            None,
+        )
 
     def before_fit(self):
         self.monitor = check_monitor(self.learn, 'EarlyStopping', self._monitor_asked)
-        if not self._restored: self._reset()  # a new fit starts a new count; a resumed one continues it
+        if not self._restored:
+            self._reset()  # a new fit starts a new count; a resumed one continues it
         self._restored = False
 
     def after_eval(self):
         learn, row = self.learn, self.learn.eval_row
         value = monitored_value(row, self.monitor)
-        if value is None: raise ValueError(f'EarlyStopping monitors {self.monitor!r}, but the history has only {sorted(row)}')
+        if value is None:
+            raise ValueError(f'EarlyStopping monitors {self.monitor!r}, but the history has only {sorted(row)}')
         if self._improved(value):
             self.best, self.best_step, self.wait = value, learn.step, 0
             if self.restore_best and self._checkpointer() is None:
-                self.best_weights = {k: v.detach().clone() for k, v in plain_state_dict(learn.model.state_dict()).items()}
-        else: self.wait += 1
+                self.best_weights = {
+                    k: v.detach().clone() for k, v in plain_state_dict(learn.model.state_dict()).items()
+                }
+        else:
+            self.wait += 1
         stop = self.wait > 0 and self.wait >= self.patience  # patience 0: the first evaluation without improvement
         stop = learn.strategy.broadcast_object(stop)  # rank 0's decision: every rank stops at this evaluation
         if stop:
-            best = (f'best {self.best:.4g} at step {self.best_step}' if self.best_step is not None else
-                    f'no evaluation gave a number yet: the last gave {value}')
-            raise CancelFitException(f'early stopping: {self.monitor} has not improved for {self.wait} evaluations ({best})')
+            best = (
+                f'best {self.best:.4g} at step {self.best_step}'
+                if self.best_step is not None
+                else f'no evaluation gave a number yet: the last gave {value}'
+            )
+            raise CancelFitException(
+                f'early stopping: {self.monitor} has not improved for {self.wait} evaluations ({best})'
+            )
 
     def after_fit(self):
         learn = self.learn
-        if not self.restore_best or learn.fit_outcome not in ('finished', 'stopped') or self.best_step is None: return
-        if self._checkpointer() is not None: learn.load_best()
-        elif self.best_weights is not None: load_plain_state_dict(learn.model, self.best_weights)
+        if not self.restore_best or learn.fit_outcome not in ('finished', 'stopped') or self.best_step is None:
+            return
+        if self._checkpointer() is not None:
+            learn.load_best()
+        elif self.best_weights is not None:
+            load_plain_state_dict(learn.model, self.best_weights)
 
     def state_dict(self):
-        weights = {} if self.best_weights is None else {'best_weights': self.best_weights}  # restore_best after a resume
+        weights = (
+            {} if self.best_weights is None else {'best_weights': self.best_weights}
+        )  # restore_best after a resume
         return {'best': self.best, 'best_step': self.best_step, 'wait': self.wait, **weights}
 
     def check_state(self, state):
@@ -80,10 +118,14 @@ class EarlyStopping(Callback):
         if not (isinstance(best, numbers.Real) and isinstance(wait, int) and (step is None or isinstance(step, int))):
             raise ValueError(f'its EarlyStopping state {best!r}, {step!r}, {wait!r} is not (value, step, count)')
         weights = state.get('best_weights')
-        if weights is None: return
+        if weights is None:
+            return
         ours = plain_state_dict(self.learn.model.state_dict())
-        if not (isinstance(weights, dict) and weights.keys() == ours.keys()
-                and all(isinstance(v, torch.Tensor) and v.shape == ours[k].shape for k, v in weights.items())):
+        if not (
+            isinstance(weights, dict)
+            and weights.keys() == ours.keys()
+            and all(isinstance(v, torch.Tensor) and v.shape == ours[k].shape for k, v in weights.items())
+        ):
             raise ValueError("its EarlyStopping best weights do not fit this model's parameters")
 
     def load_state_dict(self, state):

@@ -18,39 +18,58 @@ from .callback import Callback, Order
 from .checks import writable_folder
 from .core import Learner, patch_to
 from .data import rebatch
-from .metrics import (ConfusionMatrix, as_float, class_scores, example_losses, is_multilabel, metric_name,
-                               safe_ratio, takes_probabilities)
+from nbtrainer.metrics import (
+    ConfusionMatrix,
+    as_float,
+    class_scores,
+    example_losses,
+    is_multilabel,
+    metric_name,
+    safe_ratio,
+    takes_probabilities,
+)
 
 # %% ../nbs/09_evaluate.ipynb #9af5c16c
 def _cell(v):
-    if v is None: return ''
-    if isinstance(v, float): return f'{v:.4f}'
+    if v is None:
+        return ''
+    if isinstance(v, float):
+        return f'{v:.4f}'
     return str(v)
+
 
 class Report:
     "Rows of dicts, shown as an aligned text table (`str`) or an HTML table (Jupyter); the data is in `.rows`."
-    def __init__(self, rows): self.rows = list(rows)
+
+    def __init__(self, rows):
+        self.rows = list(rows)
 
     @property
-    def columns(self): return list(dict.fromkeys(k for row in self.rows for k in row))
+    def columns(self):
+        return list(dict.fromkeys(k for row in self.rows for k in row))
 
-    def __len__(self): return len(self.rows)
+    def __len__(self):
+        return len(self.rows)
 
     def __getitem__(self, key):
         "`report[i]`: row i (a dict); `report['column']`: that column's values; `report[a:b]`: a Report of those rows."
         if isinstance(key, str):
-            if key not in self.columns: raise KeyError(f'no column {key!r}: the columns are {self.columns}')
+            if key not in self.columns:
+                raise KeyError(f'no column {key!r}: the columns are {self.columns}')
             return [row.get(key) for row in self.rows]
         return Report(self.rows[key]) if isinstance(key, slice) else self.rows[key]
 
-    def __iter__(self): return iter(self.rows)
+    def __iter__(self):
+        return iter(self.rows)
 
     def __str__(self):
         cols = self.columns
         cells = [[_cell(row.get(c)) for c in cols] for row in self.rows]
         widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
+
         def line(values):  # first column (names) left-aligned, numbers right-aligned
             return '  '.join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths)))
+
         return '\n'.join([line(cols)] + [line(r) for r in cells])
 
     __repr__ = __str__
@@ -58,13 +77,15 @@ class Report:
     def _repr_html_(self):
         cols = self.columns
         head = ''.join(f'<th>{html.escape(c)}</th>' for c in cols)
-        body = ''.join('<tr>' + ''.join(f'<td>{html.escape(_cell(row.get(c)))}</td>' for c in cols) + '</tr>'
-                       for row in self.rows)
+        body = ''.join(
+            '<tr>' + ''.join(f'<td>{html.escape(_cell(row.get(c)))}</td>' for c in cols) + '</tr>' for row in self.rows
+        )
         return f'<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 # %% ../nbs/09_evaluate.ipynb #3640ed66
 class Evaluation:
     "Predictions, targets, per-example losses and metrics of one evaluation, on the CPU, with reports and plots."
+
     def __init__(self, preds, targets, losses, metrics=None, class_names=None, dataset=None, threshold=0.0):
         self.preds, self.targets, self.losses = preds, targets, losses
         self.metrics, self.class_names, self.dataset = dict(metrics or {}), class_names, dataset
@@ -76,7 +97,8 @@ class Evaluation:
 
     # ---- classes ----
     @property
-    def multilabel(self): return is_multilabel(self.preds, self.targets)
+    def multilabel(self):
+        return is_multilabel(self.preds, self.targets)
 
     @property
     def n_classes(self):
@@ -85,13 +107,15 @@ class Evaluation:
 
     def predicted_labels(self):
         "The predicted class of each example (each position, for per-position scores); multi-label: 0/1 per label."
-        if self.multilabel: return (self.preds > self.threshold).long()
+        if self.multilabel:
+            return (self.preds > self.threshold).long()
         scores, _, _ = class_scores(self.preds, self.targets)
         return scores.argmax(1).reshape(self.targets.shape)
 
     def _names(self, class_names=None):
         names = class_names if class_names is not None else self.class_names
-        if names is None: return [str(i) for i in range(self.n_classes)]
+        if names is None:
+            return [str(i) for i in range(self.n_classes)]
         if len(names) != self.n_classes:
             raise ValueError(f'{len(names)} class names given, but the model outputs {self.n_classes} classes')
         return [str(n) for n in names]
@@ -99,53 +123,114 @@ class Evaluation:
     # ---- reports ----
     def confusion_matrix(self, normalize=None):
         "C x C counts as a numpy array, rows = target, cols = prediction; `normalize` as in sklearn ('true', 'pred', 'all')."
-        if not self._is_classification(): raise ValueError('the targets are not class labels: no confusion matrix for a regression')
+        if not self._is_classification():
+            raise ValueError('the targets are not class labels: no confusion matrix for a regression')
         cm = ConfusionMatrix()
         cm.threshold = self.threshold
         cm.update(self.preds, self.targets)
         counts = cm.compute().numpy()
-        if normalize is None: return counts
-        if counts.ndim == 3: raise ValueError('multi-label targets have one 2 x 2 matrix per label: normalize is for one C x C matrix')
+        if normalize is None:
+            return counts
+        if counts.ndim == 3:
+            raise ValueError('multi-label targets have one 2 x 2 matrix per label: normalize is for one C x C matrix')
         axis = {'true': 1, 'pred': 0, 'all': None}.get(normalize, 'bad')
-        if axis == 'bad': raise ValueError(f"normalize must be None, 'true', 'pred' or 'all', got {normalize!r}")
+        if axis == 'bad':
+            raise ValueError(f"normalize must be None, 'true', 'pred' or 'all', got {normalize!r}")
         totals = counts.sum(axis=axis, keepdims=axis is not None)
         return counts / (totals + (totals == 0))  # an empty row / column stays 0, as in sklearn
 
     def classification_report(self, class_names=None):
         "Precision, recall, F1, support and correct count per class, then accuracy, macro and weighted averages."
         counts = torch.from_numpy(self.confusion_matrix()).double()
-        if counts.ndim == 3: return self._label_report(counts, class_names)
+        if counts.ndim == 3:
+            return self._label_report(counts, class_names)
         correct, support, predicted = counts.diag(), counts.sum(1), counts.sum(0)
         precision, recall = safe_ratio(correct, predicted), safe_ratio(correct, support)
         f1 = safe_ratio(2 * correct, support + predicted)
         n = int(support.sum())
-        rows = [{'class': name, 'precision': p, 'recall': r, 'f1': f, 'support': int(s), 'correct': int(c)}
-                for name, p, r, f, s, c in zip(self._names(class_names), precision.tolist(), recall.tolist(),
-                                               f1.tolist(), support.tolist(), correct.tolist())]
-        rows.append({'class': 'accuracy', 'precision': None, 'recall': None, 'f1': float(correct.sum()) / max(n, 1),
-                     'support': n, 'correct': int(correct.sum())})
+        rows = [
+            {'class': name, 'precision': p, 'recall': r, 'f1': f, 'support': int(s), 'correct': int(c)}
+            for name, p, r, f, s, c in zip(
+                self._names(class_names),
+                precision.tolist(),
+                recall.tolist(),
+                f1.tolist(),
+                support.tolist(),
+                correct.tolist(),
+            )
+        ]
+        rows.append(
+            {
+                'class': 'accuracy',
+                'precision': None,
+                'recall': None,
+                'f1': float(correct.sum()) / max(n, 1),
+                'support': n,
+                'correct': int(correct.sum()),
+            }
+        )
         weights = support / max(n, 1)
-        for name, avg in (('macro avg', lambda v: float(v.mean())), ('weighted avg', lambda v: float((v * weights).sum()))):
-            rows.append({'class': name, 'precision': avg(precision), 'recall': avg(recall), 'f1': avg(f1),
-                         'support': n, 'correct': None})
+        for name, avg in (
+            ('macro avg', lambda v: float(v.mean())),
+            ('weighted avg', lambda v: float((v * weights).sum())),
+        ):
+            rows.append(
+                {
+                    'class': name,
+                    'precision': avg(precision),
+                    'recall': avg(recall),
+                    'f1': avg(f1),
+                    'support': n,
+                    'correct': None,
+                }
+            )
         return Report(rows)
 
     def _label_report(self, counts, class_names):
         "Multi-label: per label, then micro (all labels pooled), macro and weighted averages, as scikit-learn's report."
         tp, support, predicted = counts[:, 1, 1], counts[:, 1].sum(1), counts[:, :, 1].sum(1)
+
         def scores(tp, support, predicted):
             return safe_ratio(tp, predicted), safe_ratio(tp, support), safe_ratio(2 * tp, support + predicted)
+
         precision, recall, f1 = scores(tp, support, predicted)
-        rows = [{'label': name, 'precision': p, 'recall': r, 'f1': f, 'support': int(s), 'correct': int(c)}
-                for name, p, r, f, s, c in zip(self._names(class_names), precision.tolist(), recall.tolist(),
-                                               f1.tolist(), support.tolist(), tp.tolist())]
+        rows = [
+            {'label': name, 'precision': p, 'recall': r, 'f1': f, 'support': int(s), 'correct': int(c)}
+            for name, p, r, f, s, c in zip(
+                self._names(class_names),
+                precision.tolist(),
+                recall.tolist(),
+                f1.tolist(),
+                support.tolist(),
+                tp.tolist(),
+            )
+        ]
         n, weights = int(support.sum()), support / support.sum().clamp(min=1)
         micro = [float(v) for v in scores(tp.sum(), support.sum(), predicted.sum())]
-        rows.append({'label': 'micro avg', 'precision': micro[0], 'recall': micro[1], 'f1': micro[2], 'support': n,
-                     'correct': int(tp.sum())})
-        for name, avg in (('macro avg', lambda v: float(v.mean())), ('weighted avg', lambda v: float((v * weights).sum()))):
-            rows.append({'label': name, 'precision': avg(precision), 'recall': avg(recall), 'f1': avg(f1),
-                         'support': n, 'correct': None})
+        rows.append(
+            {
+                'label': 'micro avg',
+                'precision': micro[0],
+                'recall': micro[1],
+                'f1': micro[2],
+                'support': n,
+                'correct': int(tp.sum()),
+            }
+        )
+        for name, avg in (
+            ('macro avg', lambda v: float(v.mean())),
+            ('weighted avg', lambda v: float((v * weights).sum())),
+        ):
+            rows.append(
+                {
+                    'label': name,
+                    'precision': avg(precision),
+                    'recall': avg(recall),
+                    'f1': avg(f1),
+                    'support': n,
+                    'correct': None,
+                }
+            )
         return Report(rows)
 
     def top_losses(self, k=9, class_names=None):
@@ -153,11 +238,15 @@ class Evaluation:
         values, indices = self.losses.topk(min(k, len(self.losses)))
         names = self._names(class_names) if self._is_classification() else None
         predicted = self.predicted_labels() if names else self.preds
+
         def show(v):  # a class name, a number, or a list for multi-valued examples
             v = v.tolist()
             return names[int(v)] if names and isinstance(v, (int, float)) else v  # float: 0/1 BCE targets
-        return Report({'index': int(i), 'target': show(self.targets[i]), 'prediction': show(predicted[i]), 'loss': float(l)}
-                      for i, l in zip(indices, values))
+
+        return Report(
+            {'index': int(i), 'target': show(self.targets[i]), 'prediction': show(predicted[i]), 'loss': float(loss)}
+            for i, loss in zip(indices, values)
+        )
 
     def _is_classification(self):
         "Integer targets, or 0/1 float targets (a binary logit with BCE); otherwise a regression."
@@ -169,10 +258,13 @@ class Evaluation:
         "The confusion matrix as a matplotlib Figure, cells annotated (up to `annotate_max` classes)."
         from matplotlib.figure import Figure  # lazy, and a bare Figure needs no GUI backend
         from nbtrainer.plotting import show_figures_inline
+
         show_figures_inline()
         if self.multilabel:
-            raise ValueError('multi-label targets have one 2 x 2 matrix per label: see confusion_matrix() (labels x truth '
-                             'x prediction) and classification_report()')
+            raise ValueError(
+                'multi-label targets have one 2 x 2 matrix per label: see confusion_matrix() (labels x truth '
+                'x prediction) and classification_report()'
+            )
         values, names = self.confusion_matrix(normalize), self._names(class_names)
         size = min(3 + 0.45 * len(names), 14)
         fig = Figure(figsize=(size, size), layout='constrained')
@@ -190,19 +282,29 @@ class Evaluation:
             for i in ticks:
                 for j in ticks:
                     v = values[i, j]
-                    ax.text(j, i, f'{v:.2f}' if normalize else f'{v}', ha='center', va='center', fontsize='small',
-                            color='white' if v > threshold else 'black')
+                    ax.text(
+                        j,
+                        i,
+                        f'{v:.2f}' if normalize else f'{v}',
+                        ha='center',
+                        va='center',
+                        fontsize='small',
+                        color='white' if v > threshold else 'black',
+                    )
         return fig
 
     def plot_top_losses(self, k=9, dataset=None, class_names=None):
         "A grid of the `k` worst examples' inputs (`dataset[index][0]`), titled target / prediction / loss."
         from matplotlib.figure import Figure
         from nbtrainer.plotting import show_figures_inline
+
         show_figures_inline()
         dataset = dataset if dataset is not None else self.dataset
         if dataset is None:
-            raise ValueError('no dataset to take the inputs from: the evaluated loader was shuffled or had no .dataset; '
-                             'pass dataset= (in the order that was evaluated)')
+            raise ValueError(
+                'no dataset to take the inputs from: the evaluated loader was shuffled or had no .dataset; '
+                'pass dataset= (in the order that was evaluated)'
+            )
         rows = self.top_losses(k, class_names).rows
         images = [_as_image(dataset[row['index']][0]) for row in rows]
         cols = math.ceil(math.sqrt(len(rows))) or 1
@@ -219,26 +321,40 @@ class Evaluation:
     # ---- saving ----
     def save(self, path):
         "Write the tensors, metrics and class names to `path` (torch.save; the dataset is not saved)."
-        torch.save({'preds': self.preds, 'targets': self.targets, 'losses': self.losses, 'metrics': self.metrics,
-                    'class_names': self.class_names, 'threshold': self.threshold}, path)
+        torch.save(
+            {
+                'preds': self.preds,
+                'targets': self.targets,
+                'losses': self.losses,
+                'metrics': self.metrics,
+                'class_names': self.class_names,
+                'threshold': self.threshold,
+            },
+            path,
+        )
 
     @classmethod
     def load(cls, path, dataset=None):
         "An `Evaluation` saved with `save` (loads with weights_only=True: no code runs)."
         return cls(**torch.load(path, weights_only=True), dataset=dataset)
 
+
 def _as_image(x):
     "A tensor as something imshow draws: (H, W) grey, or (H, W, 3) colour in [0, 1]."
     x = torch.as_tensor(x).detach().cpu().float()
     shape = tuple(x.shape)
-    if x.ndim == 1 and math.isqrt(len(x)) ** 2 == len(x): x = x.reshape(math.isqrt(len(x)), -1)  # flat square, e.g. 8x8 digits
-    elif x.ndim == 3 and x.shape[0] == 1: x = x[0]
+    if x.ndim == 1 and math.isqrt(len(x)) ** 2 == len(x):
+        x = x.reshape(math.isqrt(len(x)), -1)  # flat square, e.g. 8x8 digits
+    elif x.ndim == 3 and x.shape[0] == 1:
+        x = x[0]
     elif x.ndim == 3 and x.shape[0] == 3:  # (3, H, W): channels last, each image scaled to [0, 1] for imshow
         x = x.permute(1, 2, 0)
         x = (x - x.min()) / (x.max() - x.min()).clamp(min=1e-12)
     if x.ndim != 2 and not (x.ndim == 3 and x.shape[2] == 3):
-        raise ValueError(f'cannot show an input of shape {shape} as an image: expected (H, W), (1, H, W), (3, H, W) '
-                         'or a flat vector of square length')
+        raise ValueError(
+            f'cannot show an input of shape {shape} as an image: expected (H, W), (1, H, W), (3, H, W) '
+            'or a flat vector of square length'
+        )
     return x.numpy()
 
 # %% ../nbs/09_evaluate.ipynb #5fe439d8
@@ -246,24 +362,37 @@ def _as_image(x):
 def evaluate(learn, dl=None, batch_size=None, class_names=None):
     "A full offline evaluation of `dl` (default: `valid_dl`), re-batched to `batch_size` if given: an `Evaluation`."
     dl = dl if dl is not None else learn.valid_dl
-    if dl is None: raise ValueError('nothing to evaluate: pass dl=, or give the Learner a valid_dl')
-    if batch_size is not None: dl = rebatch(dl, batch_size)
+    if dl is None:
+        raise ValueError('nothing to evaluate: pass dl=, or give the Learner a valid_dl')
+    if batch_size is not None:
+        dl = rebatch(dl, batch_size)
     preds, targets = learn.get_preds(dl)
-    if targets is None: raise ValueError('the loader yields no targets, so there is no loss or report to compute')
-    if preds.dtype in (torch.float16, torch.bfloat16): preds = preds.float()
-    with torch.no_grad(): losses = example_losses(learn.loss_func, preds, targets)
+    if targets is None:
+        raise ValueError('the loader yields no targets, so there is no loss or report to compute')
+    if preds.dtype in (torch.float16, torch.bfloat16):
+        preds = preds.float()
+    with torch.no_grad():
+        losses = example_losses(learn.loss_func, preds, targets)
     metrics = {'valid_loss': losses.double().mean().item()}
     for m in learn.metrics:
         m.reset()
         m.update(preds, targets)
         metrics[metric_name(m)] = as_float(m.compute())
     in_order = isinstance(getattr(dl, 'sampler', None), SequentialSampler)  # then example i is dataset[i]
-    return Evaluation(preds, targets, losses, metrics, class_names, dataset=dl.dataset if in_order else None,
-                      threshold=0.5 if takes_probabilities(learn.loss_func) else 0.0)
+    return Evaluation(
+        preds,
+        targets,
+        losses,
+        metrics,
+        class_names,
+        dataset=dl.dataset if in_order else None,
+        threshold=0.5 if takes_probabilities(learn.loss_func) else 0.0,
+    )
 
 # %% ../nbs/09_evaluate.ipynb #bd543904
 class SavePredictions(Callback):
     "At every evaluation in fit, keep the predictions for the validation examples at `indices`, with step and epoch."
+
     order = Order.WRITE
     side_effects = main_process_only = True  # it writes a file; under DDP rank 0 alone does
 
@@ -271,19 +400,28 @@ class SavePredictions(Callback):
         self.indices, self.path, self.records = list(indices), path, []
 
     def before_fit(self):
-        if self.path is not None: writable_folder(Path(self.path).parent, 'SavePredictions')  # now, not after the fit
+        if self.path is not None:
+            writable_folder(Path(self.path).parent, 'SavePredictions')  # now, not after the fit
 
     def after_eval(self):
         learn = self.learn
-        if learn.valid_dl is None: return
+        if learn.valid_dl is None:
+            return
         batch = learn.valid_dl.collate_fn([learn.valid_dl.dataset[i] for i in self.indices])
         _, yb = learn.split_batch(batch)
         pred = learn.predict_batch(batch)  # the Learner's own prediction step, in eval mode and its precision
-        self.records.append({'step': learn.step, 'epoch': learn.epoch, 'preds': pred.detach().float().cpu(),
-                             'targets': yb.cpu() if isinstance(yb, torch.Tensor) else None})
+        self.records.append(
+            {
+                'step': learn.step,
+                'epoch': learn.epoch,
+                'preds': pred.detach().float().cpu(),
+                'targets': yb.cpu() if isinstance(yb, torch.Tensor) else None,
+            }
+        )
 
     def after_fit(self):
-        if self.path is not None and self.records: self.save(self.path)
+        if self.path is not None and self.records:
+            self.save(self.path)
 
     def table(self):
         "One row per (evaluation, example): step, epoch, index, target, predicted class and its probability."
@@ -292,8 +430,10 @@ class SavePredictions(Callback):
             probs = r['preds'].softmax(-1) if r['preds'].ndim == 2 else None
             for j, index in enumerate(self.indices):
                 row = {'step': r['step'], 'epoch': r['epoch'], 'index': index}
-                if r['targets'] is not None: row['target'] = r['targets'][j].item()
-                if probs is not None: row.update(prediction=probs[j].argmax().item(), probability=probs[j].max().item())
+                if r['targets'] is not None:
+                    row['target'] = r['targets'][j].item()
+                if probs is not None:
+                    row.update(prediction=probs[j].argmax().item(), probability=probs[j].max().item())
                 rows.append(row)
         return Report(rows)
 
@@ -302,5 +442,8 @@ class SavePredictions(Callback):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         torch.save({'indices': self.indices, 'records': self.records}, path)
 
-    def state_dict(self): return {'records': list(self.records)}
-    def load_state_dict(self, state): self.records = list(state['records'])
+    def state_dict(self):
+        return {'records': list(self.records)}
+
+    def load_state_dict(self, state):
+        self.records = list(state['records'])

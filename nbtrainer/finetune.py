@@ -15,6 +15,7 @@ import torch
 
 from .callback import Callback, Order
 from .core import Learner, patch_to
+from .data import plain_model
 from .recorder import check_monitor, monitored_value
 from .rng import rng_state, set_rng_state
 from .schedule import ParamScheduler  # noqa: F401 (fine_tune uses fit_one_cycle, which it attaches)
@@ -23,10 +24,12 @@ from .schedule import ParamScheduler  # noqa: F401 (fine_tune uses fit_one_cycle
 def _children(model):
     return [m for m in model.children() if any(True for _ in m.parameters())]
 
+
 def _own_params(model, exclude):
     "The parameters of `model` not in any module of `exclude`."
     taken = {id(p) for m in exclude for p in m.parameters()}
     return [p for p in model.parameters() if id(p) not in taken]
+
 
 def head_body(model):
     "Two groups: the body (everything but the last child module that has parameters) and the head (that child)."
@@ -36,14 +39,18 @@ def head_body(model):
     head = children[-1]
     return [_own_params(model, [head]), list(head.parameters())]
 
+
 def _submodule(model, path):
-    for name in path.split('.'): model = getattr(model, name)
+    for name in path.split('.'):
+        model = getattr(model, name)
     return model
+
 
 def by_depth(n=None, layers=None):
     "A splitter: a group per layer (the model's children, or those of the submodule at path `layers`), or `n` groups."
     if n is not None and not (isinstance(n, int) and n >= 1):
         raise ValueError(f'n must be an int >= 1 or None, got {n!r}')
+
     def split(model):
         stack = _submodule(model, layers) if layers else model
         blocks = _children(stack)
@@ -60,21 +67,31 @@ def by_depth(n=None, layers=None):
             taken = {id(p) for p in before}
             groups[0], groups[-1] = before + groups[0], groups[-1] + [p for p in rest if id(p) not in taken]
         return groups
+
     return split
+
 
 def _first_module_index(model, target, param=False):
     "Where `target` (a module, or a parameter) first appears in `model`'s module order."
     for i, (_, m) in enumerate(model.named_modules()):
-        if (param and any(p is target for p in m.parameters(recurse=False))) or m is target: return i
+        if (param and any(p is target for p in m.parameters(recurse=False))) or m is target:
+            return i
     return -1
+
 
 class layer_decay:
     "Per-group lrs for `lr=`: the last group at `lr`, each earlier group `factor` times the next (layer-wise decay)."
+
     def __init__(self, lr, factor):
-        if not 0 < factor <= 1: raise ValueError(f'factor must be in (0, 1], got {factor!r}')
+        if not 0 < factor <= 1:
+            raise ValueError(f'factor must be in (0, 1], got {factor!r}')
         self.lr, self.factor = lr, factor
-    def lrs(self, n): return [self.lr * self.factor ** (n - 1 - i) for i in range(n)]
-    def __repr__(self): return f'layer_decay({self.lr!r}, {self.factor!r})'
+
+    def lrs(self, n):
+        return [self.lr * self.factor ** (n - 1 - i) for i in range(n)]
+
+    def __repr__(self):
+        return f'layer_decay({self.lr!r}, {self.factor!r})'
 
 # %% ../nbs/12b_finetune.ipynb #216fb0d7
 @patch_to(Learner)
@@ -82,15 +99,18 @@ def freeze_to(learn, n, train_norm=None):
     "Freeze the first `n` parameter groups (negative: all but the last `-n`); `train_norm=False`: norm layers too."
     learn.param_groups.freeze_to(n, train_norm)
 
+
 @patch_to(Learner)
 def freeze(learn, train_norm=None):
     "Freeze every parameter group but the last (the head)."
     learn.freeze_to(-1, train_norm)
 
+
 @patch_to(Learner)
 def unfreeze(learn):
     "Train every parameter group."
     learn.freeze_to(0)
+
 
 @patch_to(Learner)
 def fine_tune(learn, epochs, base_lr=None, freeze_epochs=1, lr_mult=100, pct_start=0.3, div=5.0, **kwargs):
@@ -104,44 +124,46 @@ def fine_tune(learn, epochs, base_lr=None, freeze_epochs=1, lr_mult=100, pct_sta
     learn.fit_one_cycle(epochs, slice(base_lr / lr_mult, base_lr), pct_start=pct_start, div=div, **kwargs)
 
 # %% ../nbs/12b_finetune.ipynb #7b30829a
-def _plain(model):
-    "The model without its DDP or torch.compile wrappers."
-    while hasattr(model, 'module') or hasattr(model, '_orig_mod'):
-        model = getattr(model, 'module', None) or model._orig_mod
-    return model
-
 def _tensors(model):
     "The model's parameters and buffers, each once (tied weights are one tensor)."
     seen, out = set(), []
     for t in (*model.parameters(), *model.buffers()):
-        if id(t) not in seen: seen.add(id(t)); out.append(t)
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
     return out
+
 
 class EMA(Callback):
     "An exponential moving average of the weights, updated on the device after every `every` optimizer steps."
+
     order = Order.DEFAULT - 5  # its history columns exist before the writers and savers see the row
     prefix = 'ema_'  # of its history columns
 
     def __init__(self, decay=0.999, every=1, warmup=0, evaluate=True):
-        if not 0 < decay < 1: raise ValueError(f'decay must be in (0, 1), got {decay!r}')
+        if not 0 < decay < 1:
+            raise ValueError(f'decay must be in (0, 1), got {decay!r}')
         for name, v, least in (('every', every, 1), ('warmup', warmup, 0)):
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
                 raise ValueError(f'{name} must be an int >= {least}, got {v!r}')
         self.decay, self.every, self.warmup, self.evaluate = decay, every, warmup, evaluate
         self.averaged, self.updates, self._inside, self._dl = None, 0, False, None
 
-    def _live(self): return _tensors(_plain(self.learn.model))
+    def _live(self):
+        return _tensors(plain_model(self.learn.model))
 
     @property
     def eval_columns(self):
         "The history columns it adds (what monitors may name): the validation's, prefixed."
         learn = self.learn
-        if not self.evaluate or learn is None or learn.valid_dl is None: return set()
+        if not self.evaluate or learn is None or learn.valid_dl is None:
+            return set()
         return {self.prefix + name for name in learn.validation_names()}
 
     def before_fit(self):
         live = self._live()
-        if self.averaged is None: self.averaged = [t.detach().clone() for t in live]
+        if self.averaged is None:
+            self.averaged = [t.detach().clone() for t in live]
         elif len(self.averaged) != len(live):
             raise ValueError('EMA holds an average of another model: make a new EMA()')
         self._float = [i for i, t in enumerate(live) if t.is_floating_point()]
@@ -156,14 +178,16 @@ class EMA(Callback):
         self._skipped = None if skipped is None else skipped.clone()  # fp16: did the scaler skip this step?
 
     def after_step(self):
-        if self.learn.step % self.every: return
+        if self.learn.step % self.every:
+            return
         live, avg = self._live(), self.averaged
         weight = 1.0 - self.decay_now()
         if self._skipped is not None:  # a device tensor: 0 when the step was skipped, no sync
             weight = (self.learn.precision.skipped == self._skipped).to(avg[self._float[0]].dtype) * weight
         with torch.no_grad():
             torch._foreach_lerp_([avg[i] for i in self._float], [live[i].detach() for i in self._float], weight)
-            if self._other: torch._foreach_copy_([avg[i] for i in self._other], [live[i] for i in self._other])
+            if self._other:
+                torch._foreach_copy_([avg[i] for i in self._other], [live[i] for i in self._other])
         self.updates += 1
 
     @contextmanager
@@ -173,25 +197,37 @@ class EMA(Callback):
         with torch.no_grad():
             saved = [t.detach().clone() for t in live]
             torch._foreach_copy_([t.detach() for t in live], self.averaged)
-        try: yield
+        try:
+            yield
         finally:
-            with torch.no_grad(): torch._foreach_copy_([t.detach() for t in live], saved)
+            with torch.no_grad():
+                torch._foreach_copy_([t.detach() for t in live], saved)
+
+    def averaged_weights(self):
+        "The hook `learn.validate(ema=True)` asks: a context with the averaged weights in the model (None: none yet)."
+        return None if self.averaged is None else self.swapped()
 
     def swap_in(self):
         "Put the averaged weights in the model for good (e.g. before saving it for inference)."
-        with torch.no_grad(): torch._foreach_copy_([t.detach() for t in self._live()], self.averaged)
+        with torch.no_grad():
+            torch._foreach_copy_([t.detach() for t in self._live()], self.averaged)
 
     def before_validate(self):
-        if not self._inside: self._dl = self.learn.dl  # the evaluation's loader, before DDP shards it
+        if not self._inside:
+            self._dl = self.learn.dl  # the evaluation's loader, before DDP shards it
 
     def after_validate(self):
         learn = self.learn
-        if not (self.evaluate and learn.evaluating and not self._inside and self.averaged is not None): return
-        if self._dl is None: return  # a fit without validation data: no columns to add
+        if not (self.evaluate and learn.evaluating and not self._inside and self.averaged is not None):
+            return
+        if self._dl is None:
+            return  # a fit without validation data: no columns to add
         self._inside = True
         try:
-            with self.swapped(): averaged = learn.validate(self._dl)  # the evaluation's own values stay
-        finally: self._inside = False
+            with self.swapped():
+                averaged = learn.validate(self._dl)  # the evaluation's own values stay
+        finally:
+            self._inside = False
         learn.metric_values.update({self.prefix + k: v for k, v in averaged.items()})  # this evaluation's row's
 
     def state_dict(self):
@@ -201,13 +237,17 @@ class EMA(Callback):
         if not state:  # no average yet (e.g. a probe such as lr_find put the Learner back): none again
             self.averaged, self.updates = None, 0
             return
-        if self.averaged is None: self.averaged = [t.detach().clone() for t in self._live()]
+        if self.averaged is None:
+            self.averaged = [t.detach().clone() for t in self._live()]
         saved = [t.to(a.device) for t, a in zip(state['averaged'], self.averaged)]
-        with torch.no_grad(): torch._foreach_copy_(self.averaged, saved)
+        with torch.no_grad():
+            torch._foreach_copy_(self.averaged, saved)
         self.updates = state['updates']
+
 
 class SWA(EMA):
     "Stochastic weight averaging: the equal-weight mean of the weights after every `every`-th step after step `start`."
+
     prefix = 'swa_'
 
     def __init__(self, start=0, every=1, evaluate=True):
@@ -216,33 +256,38 @@ class SWA(EMA):
         super().__init__(decay=0.5, every=every, evaluate=evaluate)
         self.start = start
 
-    def decay_now(self): return self.updates / (self.updates + 1)  # the running mean: the first update copies
+    def decay_now(self):
+        return self.updates / (self.updates + 1)  # the running mean: the first update copies
 
     def after_step(self):
-        if self.learn.step > self.start: super().after_step()
-
-_validate = Learner.validate
-
-@patch_to(Learner)
-def validate(learn, dl=None, ema=False):
-    "Evaluate on `dl` (default: `valid_dl`); `ema=True`: the averaged weights of the Learner's `EMA` (or `SWA`)."
-    if not ema: return _validate(learn, dl)
-    cb = next((c for c in learn.cbs if isinstance(c, EMA) and c.averaged is not None), None)
-    if cb is None:
-        raise ValueError('validate(ema=True) needs an EMA callback that has averaged: Learner(cbs=[EMA()]) and a fit')
-    with cb.swapped(): return _validate(learn, dl)
+        if self.learn.step > self.start:
+            super().after_step()
 
 # %% ../nbs/12b_finetune.ipynb #b0193470
 class ReduceLROnPlateau(Callback):
     "Multiply `learn.lr` by `factor` after `patience` evaluations without improving `monitor` (PyTorch's rules)."
+
     order = Order.SAVE - 5  # after the writers have the row, before a checkpoint saves the new lr
 
-    def __init__(self, monitor='valid_loss', mode='min', factor=0.1, patience=10, threshold=1e-4, threshold_mode='rel',
-                 cooldown=0, min_lr=0.0, eps=1e-8, verbose=False):
-        if mode not in ('min', 'max'): raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+    def __init__(
+        self,
+        monitor='valid_loss',
+        mode='min',
+        factor=0.1,
+        patience=10,
+        threshold=1e-4,
+        threshold_mode='rel',
+        cooldown=0,
+        min_lr=0.0,
+        eps=1e-8,
+        verbose=False,
+    ):
+        if mode not in ('min', 'max'):
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
         if threshold_mode not in ('rel', 'abs'):
             raise ValueError(f"threshold_mode must be 'rel' or 'abs', got {threshold_mode!r}")
-        if not 0 < factor < 1: raise ValueError(f'factor must be in (0, 1), got {factor!r}')
+        if not 0 < factor < 1:
+            raise ValueError(f'factor must be in (0, 1), got {factor!r}')
         for name, v in (('patience', patience), ('cooldown', cooldown)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f'{name} must be an int >= 0, got {v!r}')
@@ -254,34 +299,47 @@ class ReduceLROnPlateau(Callback):
 
     def before_fit(self):
         learn, name = self.learn, self.monitor
-        for prefix in ('ema_', 'swa_'): name = name.removeprefix(prefix)
-        if learn.valid_dl is None and name in learn.validation_names(): return  # idle: no validation, nothing to read
+        for prefix in ('ema_', 'swa_'):
+            name = name.removeprefix(prefix)
+        if learn.valid_dl is None and name in learn.validation_names():
+            return  # idle: no validation, nothing to read
         check_monitor(learn, 'ReduceLROnPlateau', self.monitor)
 
     def _better(self, value):
         rel, sign = self.threshold_mode == 'rel', 1 if self.mode == 'min' else -1
-        if rel: edge = self.best * (1 - sign * self.threshold)
-        else: edge = self.best - sign * self.threshold
+        if rel:
+            edge = self.best * (1 - sign * self.threshold)
+        else:
+            edge = self.best - sign * self.threshold
         return value < edge if self.mode == 'min' else value > edge
 
     def after_eval(self):
         learn = self.learn
         value = monitored_value(learn.eval_row, self.monitor)
-        if value is None: return  # e.g. the final full evaluation of a subset fit has other columns
-        if self._better(value): self.best, self.bad = value, 0
-        else: self.bad += 1
-        if self.cooldown_left: self.cooldown_left, self.bad = self.cooldown_left - 1, 0
+        if value is None:
+            return  # e.g. the final full evaluation of a subset fit has other columns
+        if self._better(value):
+            self.best, self.bad = value, 0
+        else:
+            self.bad += 1
+        if self.cooldown_left:
+            self.cooldown_left, self.bad = self.cooldown_left - 1, 0
         if learn.strategy.broadcast_object(self.bad > self.patience):  # rank 0's decision, on every rank
             new = max(learn.lr * self.factor, self.min_lr)
             if learn.lr - new > self.eps:
                 self.reductions.append((learn.step, learn.lr, new))
-                if self.verbose: print(f'step {learn.step}: {self.monitor} stalled, lr {learn.lr:.3g} -> {new:.3g}')
+                if self.verbose:
+                    print(f'step {learn.step}: {self.monitor} stalled, lr {learn.lr:.3g} -> {new:.3g}')
                 learn.lr = new
             self.cooldown_left, self.bad = self.cooldown, 0
 
     def state_dict(self):
-        return {'best': self.best, 'bad': self.bad, 'cooldown_left': self.cooldown_left,
-                'reductions': list(self.reductions)}
+        return {
+            'best': self.best,
+            'bad': self.bad,
+            'cooldown_left': self.cooldown_left,
+            'reductions': list(self.reductions),
+        }
 
     def load_state_dict(self, state):
         self.best, self.bad, self.cooldown_left = state['best'], state['bad'], state['cooldown_left']
@@ -289,13 +347,18 @@ class ReduceLROnPlateau(Callback):
 
 # %% ../nbs/12b_finetune.ipynb #252534e4
 def _shape(out):
-    if isinstance(out, torch.Tensor): return tuple(out.shape)
-    if isinstance(out, (list, tuple)): return type(out)(_shape(o) for o in out)
-    if isinstance(out, dict): return {k: _shape(v) for k, v in out.items()}
+    if isinstance(out, torch.Tensor):
+        return tuple(out.shape)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_shape(o) for o in out)
+    if isinstance(out, dict):
+        return {k: _shape(v) for k, v in out.items()}
     return type(out).__name__
+
 
 class Summary:
     "What `learn.summary()` shows: `layers`, `groups`, `optimizer` groups and totals; HTML in Jupyter, text elsewhere."
+
     def __init__(self, model_name, layers, groups, optimizer):
         self.model_name, self.layers, self.groups, self.optimizer = model_name, layers, groups, optimizer
         self.total = sum(r['params'] for r in layers)
@@ -304,16 +367,27 @@ class Summary:
 
     def _tables(self):
         layers = [('layer', 'type', 'output shape', 'params', 'trainable', 'group')] + [
-            (r['name'], r['type'], '' if r['shape'] is None else str(r['shape']), f"{r['params']:,}",
-             f"{r['trainable']:,}", '' if r['group'] is None else str(r['group'])) for r in self.layers]
+            (
+                r['name'],
+                r['type'],
+                '' if r['shape'] is None else str(r['shape']),
+                f"{r['params']:,}",
+                f"{r['trainable']:,}",
+                '' if r['group'] is None else str(r['group']),
+            )
+            for r in self.layers
+        ]
         groups = [('group', 'trainable', 'frozen', 'lr')] + [
-            (str(i), f'{t:,}', f'{f:,}', '' if lr is None else f'{lr:.3g}') for i, (t, f, lr) in enumerate(self.groups)]
+            (str(i), f'{t:,}', f'{f:,}', '' if lr is None else f'{lr:.3g}') for i, (t, f, lr) in enumerate(self.groups)
+        ]
         opt = [('optimizer group', 'tensors', 'lr', 'settings')] + [
             (str(i), str(g['tensors']), f"{g['lr']:.3g}", ', '.join(f'{k}={v}' for k, v in g['settings'].items()))
-            for i, g in enumerate(self.optimizer)]
+            for i, g in enumerate(self.optimizer)
+        ]
         return layers, groups, opt
 
-    def totals(self): return f'{self.total:,} parameters: {self.trainable:,} trainable, {self.frozen:,} frozen'
+    def totals(self):
+        return f'{self.total:,} parameters: {self.trainable:,} trainable, {self.frozen:,} frozen'
 
     def __str__(self):
         out = [f'{self.model_name}: {self.totals()}']
@@ -326,46 +400,70 @@ class Summary:
 
     def _repr_html_(self):
         from html import escape
+
         def table(rows):
             head = ''.join(f'<th>{escape(c)}</th>' for c in rows[0])
             body = ''.join('<tr>' + ''.join(f'<td>{escape(c)}</td>' for c in r) + '</tr>' for r in rows[1:])
             return f'<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
         title = f'<b>{escape(self.model_name)}</b>: {escape(self.totals())}'
         return f'<div>{title}' + ''.join(map(table, self._tables())) + '</div>'
+
 
 def _first_batch(learn):
     dl = learn.valid_dl if learn.valid_dl is not None else learn.train_dl
     state = rng_state(dl)  # a shuffling loader draws from the random state: put it back
-    try: return next(iter(dl))
-    finally: set_rng_state(state, dl)
+    try:
+        return next(iter(dl))
+    finally:
+        set_rng_state(state, dl)
+
 
 _SETTINGS = ('weight_decay', 'momentum', 'betas', 'eps')
+
 
 @patch_to(Learner)
 def summary(learn, batch=None):
     "Layers, output shapes for `batch` (default: one of the Learner's), parameters per layer and group, the optimizer."
-    model = _plain(learn.model)
+    model = plain_model(learn.model)
     group_of = {id(p): i for i, g in enumerate(learn.param_groups.groups) for p in g}
     shapes, hooks = {}, []
+
     def keep(name):
-        def hook(module, args, out): shapes.setdefault(name, _shape(out))  # returns None: the output is unchanged
+        def hook(module, args, out):
+            shapes.setdefault(name, _shape(out))  # returns None: the output is unchanged
+
         return hook
-    for name, m in model.named_modules(): hooks.append(m.register_forward_hook(keep(name)))
-    try: learn.predict_batch(_first_batch(learn) if batch is None else batch)
+
+    for name, m in model.named_modules():
+        hooks.append(m.register_forward_hook(keep(name)))
+    try:
+        learn.predict_batch(_first_batch(learn) if batch is None else batch)
     finally:
-        for h in hooks: h.remove()
+        for h in hooks:
+            h.remove()
     rows, seen = [], set()
     for name, m in model.named_modules():
         own = [p for p in m.parameters(recurse=False) if id(p) not in seen]
         seen.update(id(p) for p in own)
-        if not own and (not name or any(True for _ in m.children())): continue  # containers: their layers have rows
+        if not own and (not name or any(True for _ in m.children())):
+            continue  # containers: their layers have rows
         groups = sorted({group_of[id(p)] for p in own if id(p) in group_of})
-        rows.append({'name': name or '(model)', 'type': type(m).__name__, 'shape': shapes.get(name),
-                     'params': sum(p.numel() for p in own), 'trainable': sum(p.numel() for p in own if p.requires_grad),
-                     'group': None if not groups else groups[0] if len(groups) == 1 else groups})
+        rows.append(
+            {
+                'name': name or '(model)',
+                'type': type(m).__name__,
+                'shape': shapes.get(name),
+                'params': sum(p.numel() for p in own),
+                'trainable': sum(p.numel() for p in own if p.requires_grad),
+                'group': None if not groups else groups[0] if len(groups) == 1 else groups,
+            }
+        )
     opt_groups = learn.opt.param_groups
     lrs = [g['lr'] for g in opt_groups] if len(opt_groups) == len(learn.param_groups.groups) else None
     groups = [(t, f, None if lrs is None else lrs[i]) for i, (t, f) in enumerate(learn.param_groups.counts())]
-    optimizer = [{'tensors': len(g['params']), 'lr': g['lr'],
-                  'settings': {k: g[k] for k in _SETTINGS if k in g}} for g in opt_groups]
+    optimizer = [
+        {'tensors': len(g['params']), 'lr': g['lr'], 'settings': {k: g[k] for k in _SETTINGS if k in g}}
+        for g in opt_groups
+    ]
     return Summary(type(model).__name__, rows, groups, optimizer)

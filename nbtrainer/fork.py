@@ -12,11 +12,13 @@ import copy
 
 from .callback import Callback, Order
 from .checkpoint import load_training_state, read_checkpoint, training_state
-from .core import Learner, patch_to
+from .core import Learner, fills, patch_to
 
 # %% ../nbs/08c_fork.ipynb #9f533be2
+@fills('fork_points')  # Learner(fork_points=N) adds ForkPoints(N)
 class ForkPoints(Callback):
     "Keep the Learner's whole state at each of the last `keep` evaluations, in memory, for `learn.fork(step)`."
+
     order = Order.SAVE + 1  # after the writers: the state it keeps is the one a checkpoint at this moment would hold
     run_valid = False
 
@@ -27,17 +29,18 @@ class ForkPoints(Callback):
 
     def after_eval(self):
         state = training_state(self.learn)  # every rank takes part; the main process keeps it
-        if state is None: return
+        if state is None:
+            return
         state = copy.deepcopy(state)  # by value: the fit goes on changing the tensors
         state['batches'] = None  # the per-batch rows stay in the Recorder, which the fork truncates to this point
         step = self.learn.step
         self.points.pop(step, None)
         self.points[step] = state
-        while len(self.points) > self.keep: self.points.pop(next(iter(self.points)))
+        while len(self.points) > self.keep:
+            self.points.pop(next(iter(self.points)))
 
-    def steps(self): return list(self.points)
-
-Learner.fork_points_factory = ForkPoints  # Learner(fork_points=N) adds ForkPoints(N)
+    def steps(self):
+        return list(self.points)
 
 # %% ../nbs/08c_fork.ipynb #938db490
 def _fork_state(learn, step, checkpoint=None):
@@ -45,17 +48,21 @@ def _fork_state(learn, step, checkpoint=None):
     if checkpoint is not None:
         state = read_checkpoint(checkpoint, learn.device)
         saved_at = state.get('progress', {}).get('step')
-        if saved_at != step: raise ValueError(f'{checkpoint} holds the state of step {saved_at}, not {step}')
+        if saved_at != step:
+            raise ValueError(f'{checkpoint} holds the state of step {saved_at}, not {step}')
         return state, checkpoint
     for cb in learn.cbs:
         if isinstance(cb, ForkPoints) and step in cb.points:
             return copy.deepcopy(cb.points[step]), f'the fork point at step {step}'
     for cb in learn.cbs:
-        for path in (cb.at_step(step) if getattr(cb, 'keeps_checkpoints', False) else ()):
+        for path in cb.at_step(step) if getattr(cb, 'keeps_checkpoints', False) else ():
             return read_checkpoint(path, learn.device), path
     kept = sorted({s for cb in learn.cbs if isinstance(cb, ForkPoints) for s in cb.points})
-    raise ValueError(f'no state kept for the evaluation at step {step}: fork points in memory are at steps {kept}. '
-                     'Keep them with Learner(fork_points=N), or on disk with Checkpointer(folder, every_eval=True)')
+    raise ValueError(
+        f'no state kept for the evaluation at step {step}: fork points in memory are at steps {kept}. '
+        'Keep them with Learner(fork_points=N), or on disk with Checkpointer(folder, every_eval=True)'
+    )
+
 
 @patch_to(Learner)
 def fork(learn, step, checkpoint=None):
@@ -63,12 +70,14 @@ def fork(learn, step, checkpoint=None):
     The state comes from `checkpoint` (a file) if given, else from the Learner's ForkPoints or Checkpointer."""
     if learn.fitting:
         raise RuntimeError('a fit is running on this Learner: stop it before forking it (learn.controls.stop())')
-    if not isinstance(step, int) or isinstance(step, bool): raise TypeError(f'step must be an int, got {step!r}')
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise TypeError(f'step must be an int, got {step!r}')
     state, source = _fork_state(learn, step, checkpoint)
     load_training_state(learn, state, source, allow_changes=True)  # a fork is this run: whatever was changed since
     learn.progress.branch(step)
     learn('after_fork')  # a Tracker starts the branch's run here, with its parent
     return learn
+
 
 @patch_to(Learner)
 def fork_steps(learn):
@@ -76,9 +85,10 @@ def fork_steps(learn):
     steps = {s for cb in learn.cbs if isinstance(cb, ForkPoints) for s in cb.points}
     for cb in learn.cbs:
         if getattr(cb, 'keeps_checkpoints', False):
-            steps |= {int(name[len('eval-'):-len('.pt')]) for name in cb.evals}
+            steps |= {int(name[len('eval-') : -len('.pt')]) for name in cb.evals}
             steps |= {row['step'] for _, _, row in cb.kept_best}
     return sorted(steps)
+
 
 @patch_to(Learner)
 def keeps_fork_points(learn):

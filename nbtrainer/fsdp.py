@@ -11,7 +11,6 @@ __all__ = ['FSDP', 'memory_per_rank']
 import torch
 from torch import nn
 
-from .core import Learner
 from .distributed import DistributedTrainer
 from .fork import ForkPoints
 from .rng import preserve_rng
@@ -19,23 +18,36 @@ from .rng import preserve_rng
 # %% ../nbs/15b_fsdp.ipynb #aea41057
 def _post_order(module):
     "The submodules of `module`, innermost first, `module` last."
-    for child in module.children(): yield from _post_order(child)
+    for child in module.children():
+        yield from _post_order(child)
     yield module
 
-class FSDP(DistributedTrainer):
+
+class FSDP(DistributedTrainer, name='fsdp'):
     "The FSDP2 strategy: a rank holds a shard of the weights, gradients and optimizer state; data and metrics as DDP."
+
     sharded = True
 
-    def __init__(self, wrap=None, min_params=None, reshard_after_forward=None, cpu_offload=False,
-                 activation_checkpointing=False, sync_bn=False, check_every=16):
+    def __init__(
+        self,
+        wrap=None,
+        min_params=None,
+        reshard_after_forward=None,
+        cpu_offload=False,
+        activation_checkpointing=False,
+        sync_bn=False,
+        check_every=16,
+    ):
         classes = isinstance(wrap, tuple) and all(isinstance(c, type) for c in wrap)
         if wrap is not None and not (callable(wrap) or classes):
             raise TypeError(f'wrap must be a module class, a tuple of them or a function of a module, got {wrap!r}')
         if min_params is not None and not (isinstance(min_params, int) and min_params > 0):
             raise ValueError(f'min_params must be an int > 0 (parameters in a unit of its own), got {min_params!r}')
         if activation_checkpointing and wrap is None and min_params is None:
-            raise ValueError('activation_checkpointing recomputes the activations of each sharded unit: '
-                             'choose the units with wrap=<block class> or min_params=N')
+            raise ValueError(
+                'activation_checkpointing recomputes the activations of each sharded unit: '
+                'choose the units with wrap=<block class> or min_params=N'
+            )
         super().__init__(sync_bn=sync_bn, check_every=check_every)
         self.wrap_policy, self.min_params, self.reshard_after_forward = wrap, min_params, reshard_after_forward
         self.cpu_offload, self.activation_checkpointing = bool(cpu_offload), bool(activation_checkpointing)
@@ -45,11 +57,16 @@ class FSDP(DistributedTrainer):
         "The submodules sharded as units of their own, innermost first: `wrap`'s choice, or `min_params` parameters."
         chosen, taken = [], set()  # parameters already in a chosen unit
         for m in _post_order(model):
-            if m is model: continue
+            if m is model:
+                continue
             policy = self.wrap_policy
-            if policy is not None: pick = isinstance(m, policy) if isinstance(policy, (type, tuple)) else policy(m)
-            else: pick = self.min_params is not None and sum(
-                p.numel() for p in m.parameters() if id(p) not in taken) >= self.min_params
+            if policy is not None:
+                pick = isinstance(m, policy) if isinstance(policy, (type, tuple)) else policy(m)
+            else:
+                pick = (
+                    self.min_params is not None
+                    and sum(p.numel() for p in m.parameters() if id(p) not in taken) >= self.min_params
+                )
             if pick:
                 chosen.append(m)
                 taken.update(id(p) for p in m.parameters())
@@ -58,74 +75,89 @@ class FSDP(DistributedTrainer):
     def options(self, device, precision):
         "`fully_shard`'s options: mixed precision from the Learner's `precision`, and the CPU offload."
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
         name = getattr(precision, 'name', precision or 'fp32')
         if name == 'fp16':
-            raise ValueError("precision='fp16' under FSDP needs a gradient scaler that agrees over the shards, which "
-                             "nbtrainer does not have: use precision='bf16' (no loss scaling), or strategy='ddp'")
+            raise ValueError(
+                "precision='fp16' under FSDP needs a gradient scaler that agrees over the shards, which "
+                "nbtrainer does not have: use precision='bf16' (no loss scaling), or strategy='ddp'"
+            )
         bf16 = dict(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)  # gathered in bf16, reduced in fp32
         kwargs = dict(mp_policy=MixedPrecisionPolicy(**(bf16 if name == 'bf16' else {})))
-        if self.cpu_offload: kwargs['offload_policy'] = CPUOffloadPolicy(pin_memory=device.type == 'cuda')
+        if self.cpu_offload:
+            kwargs['offload_policy'] = CPUOffloadPolicy(pin_memory=device.type == 'cuda')
         return kwargs
 
     def wrap(self, model, device, precision=None):
         "Shard `model` with `fully_shard`: each unit (checkpointed if asked), then the root; rank 0's weights first."
         from torch.distributed.fsdp import fully_shard
         import torch.distributed as dist
+
         model = self.convert_bn(model, device)
-        for t in [*model.parameters(), *model.buffers()]: dist.broadcast(t.detach(), src=0)  # as DDP does: one model
+        for t in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(t.detach(), src=0)  # as DDP does: one model
         kwargs, self.units = self.options(device, precision), self.units_of(model)
         for unit in self.units:
             if self.activation_checkpointing:
                 from torch.distributed._composable import checkpoint
+
                 checkpoint(unit)  # keeps the parameter names, unlike checkpoint_wrapper
             fully_shard(unit, reshard_after_forward=self.reshard_after_forward, **kwargs)
         self.root = fully_shard(model, reshard_after_forward=self.reshard_after_forward, **kwargs)
         return self.root
 
-    def sync_gradients(self, model, sync):
+    def sync_gradients(self, learn, sync):
         "Reduce-scatter the gradients at a window's last micro-batch; at every one when the loader's length is unknown."
-        self.root.set_requires_gradient_sync(sync or self.learn.data_pass.n_batches is None)
+        self.root.set_requires_gradient_sync(sync or learn.data_pass.n_batches is None)
 
-    def after_backward(self): self._unsynced = self.learn.accumulating and self.learn.data_pass.n_batches is not None
+    def unreduced(self, learn):
+        return not learn.window.closed and learn.data_pass.n_batches is not None
 
-    def before_step(self):
+    def sync_window(self, learn):
         "A window whose last micro-batch never reached backward (a callback cancelled it): a zero backward reduces it."
-        if not self._unsynced: return
-        learn, self._unsynced = self.learn, False
+        if not self.unreduced(learn):
+            return
         self.root.set_requires_gradient_sync(True)
         mode = learn.model.training
         learn.model.eval()  # no BatchNorm update, no dropout: the output only carries FSDP's hooks
         try:
             with preserve_rng(learn.device), learn.precision.autocast():
                 out = learn.model(**learn.xb) if isinstance(learn.xb, dict) else learn.model(*learn.xb)
-        finally: learn.model.train(mode)
+        finally:
+            learn.model.train(mode)
         outs = out.values() if isinstance(out, dict) else out if isinstance(out, (list, tuple)) else [out]
         tensors = [t for t in outs if isinstance(t, torch.Tensor) and t.requires_grad]
         (sum(t.float().sum() for t in tensors) * 0).backward()
 
     def rewrap(self, model):
-        raise NotImplementedError('freezing or unfreezing a model during FSDP training is not supported: set '
-                                  'requires_grad (learn.freeze()) before Learner(strategy="fsdp")')
+        raise NotImplementedError(
+            'freezing or unfreezing a model during FSDP training is not supported: set '
+            'requires_grad (learn.freeze()) before Learner(strategy="fsdp")'
+        )
 
-    def before_fit(self):
-        if any(isinstance(cb, ForkPoints) for cb in self.learn.cbs):
-            raise ValueError('fork_points keeps whole states in one process\'s memory, which FSDP does not have: '
-                             'keep them on disk with Checkpointer(every_eval=True), or drop fork_points')
-        super().before_fit()
-
-Learner.strategy_factories['fsdp'] = lambda sync_bn: FSDP(sync_bn=sync_bn)  # Learner(strategy='fsdp')
+    def start_fit(self, learn):
+        if any(isinstance(cb, ForkPoints) for cb in learn.cbs):
+            raise ValueError(
+                'fork_points keeps whole states in one process\'s memory, which FSDP does not have: '
+                'keep them on disk with Checkpointer(every_eval=True), or drop fork_points'
+            )
+        super().start_fit(learn)
 
 # %% ../nbs/15b_fsdp.ipynb #3316b2db
 def _local_bytes(t):
     from torch.distributed.tensor import DTensor
+
     t = t.to_local() if isinstance(t, DTensor) else t
     return t.numel() * t.element_size()
+
 
 def memory_per_rank(learn):
     "Bytes this rank holds of the parameters, gradients and optimizer state: its shards under FSDP, all under DDP."
     params = list(learn.model.parameters())
     opt = [v for state in learn.opt.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
-    out = {'parameters': sum(_local_bytes(p) for p in params),
-           'gradients': sum(_local_bytes(p.grad) for p in params if p.grad is not None),
-           'optimizer': sum(_local_bytes(v) for v in opt)}
+    out = {
+        'parameters': sum(_local_bytes(p) for p in params),
+        'gradients': sum(_local_bytes(p.grad) for p in params if p.grad is not None),
+        'optimizer': sum(_local_bytes(v) for v in opt),
+    }
     return {**out, 'total': sum(out.values())}

@@ -18,18 +18,22 @@ import torch.nn.functional as F
 def _chunk_sizes(n, size):
     "Sizes of the virtual batches that split `n` examples in order; a last chunk of one example joins the one before."
     sizes, rest = [size] * (n // size), n % size
-    if rest == 1 and sizes: sizes[-1] += 1
-    elif rest: sizes.append(rest)
+    if rest == 1 and sizes:
+        sizes[-1] += 1
+    elif rest:
+        sizes.append(rest)
     return sizes
 
 # %% ../nbs/11_layers.ipynb #2fa669aa
 class GhostBatchNorm(nn.Module):
     "Batch norm that normalises each virtual batch of `virtual_batch_size` examples with its own statistics."
+
     track_running_stats = True  # keeps running statistics, like BatchNorm: DDP averages them over the ranks too
 
     def __init__(self, num_features, virtual_batch_size, eps=1e-5, momentum=0.1, affine=True):
         super().__init__()
-        if virtual_batch_size < 1: raise ValueError(f'virtual_batch_size must be >= 1, got {virtual_batch_size}')
+        if virtual_batch_size < 1:
+            raise ValueError(f'virtual_batch_size must be >= 1, got {virtual_batch_size}')
         self.num_features, self.virtual_batch_size = num_features, virtual_batch_size
         self.eps, self.momentum, self.affine = eps, momentum, affine
         self.weight = nn.Parameter(torch.ones(num_features)) if affine else None
@@ -39,13 +43,15 @@ class GhostBatchNorm(nn.Module):
         self.register_buffer('num_batches_tracked', torch.tensor(0, dtype=torch.long))
 
     def reset_running_stats(self):
-        self.running_mean.zero_(); self.running_var.fill_(1); self.num_batches_tracked.zero_()
+        self.running_mean.zero_()
+        self.running_var.fill_(1)
+        self.num_batches_tracked.zero_()
 
     def forward(self, x):
         if x.dim() < 2 or x.shape[1] != self.num_features:
             raise ValueError(f'expected input (N, {self.num_features}, *spatial), got {tuple(x.shape)}')
         if not self.training:
-            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0., self.eps)
+            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
         runs = [(size, len(list(r))) for size, r in groupby(_chunk_sizes(len(x), self.virtual_batch_size))]
         outs, means, variances, counts = [], [], [], []
         for (size, k), xs in zip(runs, x.split([size * k for size, k in runs])):  # at most two runs of equal chunks
@@ -53,13 +59,15 @@ class GhostBatchNorm(nn.Module):
             dims = [1, *range(3, xc.dim())]
             var, mean = torch.var_mean(xc, dim=dims, correction=0, keepdim=True)
             outs.append(((xc - mean) * torch.rsqrt(var + self.eps)).reshape(k * size, *x.shape[1:]))
-            means.append(mean.reshape(k, -1)); variances.append(var.reshape(k, -1))
+            means.append(mean.reshape(k, -1))
+            variances.append(var.reshape(k, -1))
             counts += [xc[0, :, 0].numel()] * k
         if min(counts) < 2:
             raise ValueError(f'expected more than 1 value per channel in each virtual batch, got {tuple(x.shape)}')
         self._update_running(torch.cat(means).detach(), torch.cat(variances).detach(), counts)
         y = torch.cat(outs)
-        if not self.affine: return y
+        if not self.affine:
+            return y
         shape = (1, -1) + (1,) * (x.dim() - 2)
         return y * self.weight.reshape(shape) + self.bias.reshape(shape)
 
@@ -79,5 +87,7 @@ class GhostBatchNorm(nn.Module):
         self.num_batches_tracked.add_(len(n))
 
     def extra_repr(self):
-        return (f'{self.num_features}, virtual_batch_size={self.virtual_batch_size}, eps={self.eps}, '
-                f'momentum={self.momentum}, affine={self.affine}')
+        return (
+            f'{self.num_features}, virtual_batch_size={self.virtual_batch_size}, eps={self.eps}, '
+            f'momentum={self.momentum}, affine={self.affine}'
+        )

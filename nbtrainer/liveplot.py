@@ -21,15 +21,18 @@ from .render import Renderer, figure_frame, pack_arrays
 # %% ../nbs/14_liveplot.ipynb #0ae36624
 _JOBS = itertools.count(1)  # a job per fit, numbered in this process: the rendering process keeps each one's data
 
+
 class LivePlot(Callback):
     "The recorder's curves redrawn in place during `fit`, about every `every` s, off the loop: it hands over what changed."
+
     order = Order.DISPLAY + 10  # after the progress bars
     run_valid = False  # it hands over between training batches
     side_effects = main_process_only = True  # it draws; under DDP rank 0 alone does
     final_timeout = 60  # seconds `after_fit` waits for the final frame before drawing it in the kernel
 
     def __init__(self, every=1.0, path=None, x_max=None, theme=None, renderer=None):
-        if not every > 0: raise ValueError(f'LivePlot(every=) must be > 0 seconds, got {every!r}')
+        if not every > 0:
+            raise ValueError(f'LivePlot(every=) must be > 0 seconds, got {every!r}')
         self.every, self.path, self.x_max, self.theme, self.renderer = every, path, x_max, theme, renderer
         self.handle = None
         self.parent_curves = None  # a forked run's parent, drawn faintly behind (`plotting.history_curves`)
@@ -44,9 +47,11 @@ class LivePlot(Callback):
 
     def before_fit(self):
         from nbtrainer.plotting import resolve_theme
+
         learn = self.learn
         self.inline, self.out = self._outputs()
-        if self.out is not None: self.out.parent.mkdir(parents=True, exist_ok=True)
+        if self.out is not None:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
         self.handle, self.png, self.step, self.error, self.frames, self.times = None, None, None, None, 0, []
         self._renderer = (self.renderer or Renderer.shared()).start()
         self._context = contextvars.copy_context()  # the cell's: frames shown from the rendering thread go to it
@@ -66,7 +71,8 @@ class LivePlot(Callback):
         self._sent = self._rows_sent = 0
         self._smooth, self._started = (0.0, 0.0), False
 
-    def after_batch(self): self.tick(clock.now())
+    def after_batch(self):
+        self.tick(clock.now())
 
     def tick(self, now):
         "Hand over what changed if a frame is due: `every` seconds after the last hand-over, the last frame back, news."
@@ -89,26 +95,31 @@ class LivePlot(Callback):
         recorder.flush()  # the queued losses: one host sync a hand-over
         losses_column, steps_column, rows = recorder.batches['loss'], recorder.batches.get('step', ()), recorder.history
         n = len(losses_column)
-        if self._lost or self._sent > n or self._rows_sent > len(rows): self._restart()  # the process lost it; a fork
+        if self._lost or self._sent > n or self._rows_sent > len(rows):
+            self._restart()  # the process lost it; a fork
         self._lost = False
         request = {} if self._started else {'start': self._layout}
         self._started, start, self._sent, self._step = True, self._sent, n, self.learn.step
         losses = losses_column[start:n]
         steps = [s + 1 for s in steps_column[start:n]] if len(steps_column) == n else range(start + 1, n + 1)
         smoothed, self._smooth = smooth(losses, recorder.beta, self._smooth)  # as the Recorder's, from the first batch
-        request['rows'], self._rows_sent = rows[self._rows_sent:], len(rows)
+        request['rows'], self._rows_sent = rows[self._rows_sent :], len(rows)
         request['arrays'], payload = pack_arrays(steps=steps, losses=losses, smoothed=smoothed)
         return request, payload
 
     def _on_reply(self, reply, png):
         "The rendering process's answer (from its thread): a live frame shown in the fit's cell, the final one kept."
-        if reply.get('unknown'): self._lost = True  # a new process: the next hand-over starts the job again
-        if reply.get('error'): self.error = reply['error']
+        if reply.get('unknown'):
+            self._lost = True  # a new process: the next hand-over starts the job again
+        if reply.get('error'):
+            self.error = reply['error']
         if reply.get('draw') == 'final':
             self._final = reply, png
             return self._final_done.set()
-        if png: self._context.run(self._show_live, png, reply.get('step'))
-        if reply.get('id') == self._waiting: self._next = self._sent_at + self.every  # the next frame is due then
+        if png:
+            self._context.run(self._show_live, png, reply.get('step'))
+        if reply.get('id') == self._waiting:
+            self._next = self._sent_at + self.every  # the next frame is due then
 
     def _show_live(self, png, step):
         self.png, self.step, self.frames = png, step, self.frames + 1
@@ -121,10 +132,12 @@ class LivePlot(Callback):
             self._final, self._final_done = ({}, b''), threading.Event()
             self._hand_over(draw='final', end=True)
             answered = self._final_done.wait(self.final_timeout)
-            if not self._final[0].get('unknown'): break
+            if not self._final[0].get('unknown'):
+                break
         reply, png = self._final
         if not png:  # the process failed, or did not answer in time
-            if not answered: self._renderer.stop()  # stuck: the next request starts a new one
+            if not answered:
+                self._renderer.stop()  # stuck: the next request starts a new one
             png = self._draw_here()
         self.png, self.step = png, reply.get('step', self.learn.step)
         self.show(png, self.step, final=True)
@@ -132,8 +145,10 @@ class LivePlot(Callback):
     def _draw_here(self):
         "The final frame drawn in the kernel: what the rendering process would have drawn."
         from nbtrainer.plotting import plot_history
+
         fig = plot_history(self.learn.recorder, theme=self._layout['theme'], parent=self.parent_curves)
-        if self.x_max is not None: fig.axes[0].set_xlim(0, self.x_max)
+        if self.x_max is not None:
+            fig.axes[0].set_xlim(0, self.x_max)
         return figure_frame(fig)
 
     def show(self, png, step=None, final=False):
@@ -141,8 +156,12 @@ class LivePlot(Callback):
         if self.inline:
             from IPython.display import Image, display
             from nbtrainer.render import DISPLAY_DPI, FIGURE_SIZE
+
             width, height = (round(v * DISPLAY_DPI) for v in FIGURE_SIZE)  # 2x pixels shown at their CSS size: sharp
             image = Image(data=png, width=width, height=height)
-            if self.handle is None: self.handle = display(image, display_id=True)
-            else: self.handle.update(image)
-        if self.out is not None: self.out.write_bytes(png)
+            if self.handle is None:
+                self.handle = display(image, display_id=True)
+            else:
+                self.handle.update(image)
+        if self.out is not None:
+            self.out.write_bytes(png)

@@ -20,6 +20,7 @@ from .metrics import metric_name
 # %% ../nbs/06_loggers.ipynb #09571361
 class CSVLogger(Callback):
     "Log every training batch to a CSV file, with each evaluation's metrics on the row of the batch it followed."
+
     order = Order.WRITE
     run_valid = False  # a row per training batch
     side_effects = main_process_only = True  # it writes a file; under DDP rank 0 alone does
@@ -35,9 +36,11 @@ class CSVLogger(Callback):
 
     def before_fit(self):  # after the Checkpointer's folder lock (`claim`): a refused process never touches the file
         recorder = self.learn.recorder
-        if self._restored is not None: self.columns, self._rows = self._truncate(self._restored[0])
+        if self._restored is not None:
+            self.columns, self._rows = self._truncate(self._restored[0])
         self._restored = None
-        if self.columns is None: self._start_file()
+        if self.columns is None:
+            self._start_file()
         if self._logged is None:  # a new logger: log from the next batch on
             recorder.flush()
             self._logged = len(recorder.batches['loss'])
@@ -48,22 +51,26 @@ class CSVLogger(Callback):
         evaluated = ['valid_loss', *(metric_name(m) for m in learn.metrics)]
         self.columns = [*Recorder.columns, *evaluated, *(learn.eval_prefix + c for c in evaluated if learn.eval_prefix)]
         writable_folder(self.path.parent, 'CSVLogger')
-        with open(self.path, 'w', newline='') as f: csv.writer(f).writerow(self.columns)
+        with open(self.path, 'w', newline='') as f:
+            csv.writer(f).writerow(self.columns)
         self._rows = 0
 
     def after_batch(self):
         self._unwritten += 1
-        if self._unwritten >= self.flush_every: self._write()
+        if self._unwritten >= self.flush_every:
+            self._write()
 
     def after_eval(self):
         row = self.learn.eval_row
-        metrics = {c: row[c] for c in self.columns[len(Recorder.columns):] if c in row}
+        metrics = {c: row[c] for c in self.columns[len(Recorder.columns) :] if c in row}
         self._evals.append((len(self.learn.recorder.batches['loss']), row['epoch'], metrics))
 
-    def after_epoch(self): self._write()
+    def after_epoch(self):
+        self._write()
 
     def after_fit(self):
-        if self.columns is not None: self._write(final=True)  # what was trained is on disk, however the fit ended
+        if self.columns is not None:
+            self._write(final=True)  # what was trained is on disk, however the fit ended
 
     def _write(self, final=False):
         "Append the batches the Recorder has read since the last write, with the evaluations that followed them."
@@ -82,8 +89,10 @@ class CSVLogger(Callback):
                 open_row = row(i)
                 rows.append(open_row)
                 i += 1
-            if open_row is not None: open_row.update(metrics)
-            else: rows.append({'epoch': epoch, **metrics})  # no training batch since the previous evaluation
+            if open_row is not None:
+                open_row.update(metrics)
+            else:
+                rows.append({'epoch': epoch, **metrics})  # no training batch since the previous evaluation
             open_row = None
         rows += [row(j) for j in range(i, end)]
         if rows:
@@ -92,9 +101,12 @@ class CSVLogger(Callback):
         self._rows, self._logged, self._evals = self._rows + len(rows), max(end, self._logged), []
 
     def state_dict(self):
-        if self._restored is not None: return dict(zip(('rows', 'logged'), self._restored))  # loaded, not yet applied
-        if self.columns is None: return {}
-        if self.learn is not None and self.learn.fitting: self._write()
+        if self._restored is not None:
+            return dict(zip(('rows', 'logged'), self._restored))  # loaded, not yet applied
+        if self.columns is None:
+            return {}
+        if self.learn is not None and self.learn.fitting:
+            self._write()
         return {'rows': self._rows, 'logged': self._logged}
 
     def check_state(self, state):
@@ -102,7 +114,8 @@ class CSVLogger(Callback):
             raise ValueError(f'its CSVLogger state {state!r} is not two counts of rows')
 
     def load_state_dict(self, state):
-        if not state: return
+        if not state:
+            return
         self._restored = (state['rows'], state['logged'])  # the file is cut back when the fit starts, not by a load
         self._logged, self._evals, self._unwritten = state['logged'], [], 0
 
@@ -113,9 +126,11 @@ class CSVLogger(Callback):
             return None, 0
         with open(self.path, 'rb+') as f:
             header, kept = f.readline(), 0
-            while kept < n_rows and f.readline(): kept += 1
+            while kept < n_rows and f.readline():
+                kept += 1
             f.truncate()
-        if kept < n_rows: warnings.warn(f'{self.path} has {kept} rows but the checkpoint logged {n_rows}')
+        if kept < n_rows:
+            warnings.warn(f'{self.path} has {kept} rows but the checkpoint logged {n_rows}')
         return next(csv.reader([header.decode()])), kept
 
 # %% ../nbs/06_loggers.ipynb #a6d2f24e
@@ -128,41 +143,57 @@ def loss_windows(batches, start, every, final=False):
     points, first = [], 0
     while first < len(steps):
         stop = first
-        while stop < len(steps) and steps[stop] // every == steps[first] // every: stop += 1
-        if stop == len(steps) and not final: break  # the window may still grow: a later batch may feed the same steps
+        while stop < len(steps) and steps[stop] // every == steps[first] // every:
+            stop += 1
+        if stop == len(steps) and not final:
+            break  # the window may still grow: a later batch may feed the same steps
         points.append((steps[stop - 1] + 1, sum(losses[first:stop]) / (stop - first), lrs[stop - 1]))
         first = stop
     return points, start + first
 
+
 class TensorBoardLogger(Callback):
     "Write the mean loss and the lr every `log_every` optimizer steps, and each evaluation's metrics, to TensorBoard."
+
     order = Order.WRITE
     side_effects = main_process_only = True  # it writes files; under DDP rank 0 alone does
 
     def __init__(self, log_dir='runs/tensorboard', run_name=None, hparams=None, log_every=10):
-        if not (isinstance(log_every, int) and log_every > 0): raise ValueError(f'log_every must be an int > 0, got {log_every!r}')
-        self.log_dir, self.run_name, self.hparams, self.log_every = Path(log_dir), run_name, dict(hparams or {}), log_every
+        if not (isinstance(log_every, int) and log_every > 0):
+            raise ValueError(f'log_every must be an int > 0, got {log_every!r}')
+        self.log_dir, self.run_name, self.hparams, self.log_every = (
+            Path(log_dir),
+            run_name,
+            dict(hparams or {}),
+            log_every,
+        )
         self.run_dir, self.writers = None, {}
         self._logged, self._purge_steps = None, {}
 
     def before_fit(self):
-        try: from torch.utils.tensorboard import SummaryWriter
+        try:
+            from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:
-            raise ImportError("TensorBoardLogger needs the tensorboard package: pip install tensorboard (or 'nbtrainer[tensorboard]')") from e
+            raise ImportError(
+                "TensorBoardLogger needs the tensorboard package: pip install tensorboard (or 'nbtrainer[tensorboard]')"
+            ) from e
         learn = self.learn
         self._close()  # writers left open by a fit that ended with an error
         writable_folder(self.log_dir, 'TensorBoardLogger')
-        if self.run_dir is None: self.run_dir = self._new_run_dir()
+        if self.run_dir is None:
+            self.run_dir = self._new_run_dir()
         if self._logged is None:  # a new logger, or one just restored: log from the next batch on
             learn.recorder.flush()
             self._logged = len(learn.recorder.batches['loss'])
-        self.writers = {s: SummaryWriter(str(self.run_dir / s), purge_step=self._purge_steps.get(s))
-                        for s in ('train', 'valid')}
+        self.writers = {
+            s: SummaryWriter(str(self.run_dir / s), purge_step=self._purge_steps.get(s)) for s in ('train', 'valid')
+        }
         self._purge_steps = {}
         self._fit_hparams = {**self._default_hparams(), **self.hparams}
 
     def _new_run_dir(self):
-        if self.run_name is not None: return self.log_dir / self.run_name
+        if self.run_name is not None:
+            return self.log_dir / self.run_name
         name = time.strftime('%Y%m%d-%H%M%S')
         run_dir, n = self.log_dir / name, 1
         while run_dir.exists():  # another run started in the same second
@@ -171,7 +202,11 @@ class TensorBoardLogger(Callback):
 
     def _default_hparams(self):
         learn = self.learn
-        hp = {'lr': learn.lr, 'opt': type(learn.opt).__name__, 'batch_size': getattr(learn.train_dl, 'batch_size', None)}
+        hp = {
+            'lr': learn.lr,
+            'opt': type(learn.opt).__name__,
+            'batch_size': getattr(learn.train_dl, 'batch_size', None),
+        }
         hp.update({'epochs': learn.n_epochs} if learn.n_epochs else {'steps': learn.n_steps})
         return {k: v for k, v in hp.items() if v is not None}
 
@@ -183,18 +218,22 @@ class TensorBoardLogger(Callback):
         for step, loss, lr in points:  # each event costs ~70 us: a point per window, not per batch
             self.writers['train'].add_scalar('loss', loss, step)
             self.writers['train'].add_scalar('lr', lr, step)
-        for w in self.writers.values(): w.flush()
+        for w in self.writers.values():
+            w.flush()
 
     def after_eval(self):
         row, valid = self.learn.eval_row, self.writers['valid']
         for k, v in _metrics(row).items():
-            if k != 'train_loss': valid.add_scalar('loss' if k == 'valid_loss' else k, v, row['step'])
+            if k != 'train_loss':
+                valid.add_scalar('loss' if k == 'valid_loss' else k, v, row['step'])
         self._write_batches()
 
-    def after_epoch(self): self._write_batches()
+    def after_epoch(self):
+        self._write_batches()
 
     def after_fit(self):
-        if not self.writers: return  # the fit failed before this logger started
+        if not self.writers:
+            return  # the fit failed before this logger started
         try:
             self._write_batches(final=True)
             history = self.learn.recorder.history
@@ -206,29 +245,40 @@ class TensorBoardLogger(Callback):
             self._close()
 
     def _close(self):
-        for w in self.writers.values(): w.close()
+        for w in self.writers.values():
+            w.close()
         self.writers = {}
 
     def state_dict(self):
-        if self.run_dir is None: return {}
-        if self.writers: self._write_batches()  # whole windows only, so a resumed run keeps the same windows
+        if self.run_dir is None:
+            return {}
+        if self.writers:
+            self._write_batches()  # whole windows only, so a resumed run keeps the same windows
         history, batches = self.learn.recorder.history, self.learn.recorder.batches
         logged = self._logged if self._logged is not None else len(batches['loss'])
         last_train = batches['step'][logged - 1] + 1 if logged else 0
         # one past the last event the checkpoint knows of: its last train window, and its last evaluation
-        return {'run': self.run_dir.name, 'logged': logged,  # its name in log_dir: the run's folder may be copied or moved
-                'purge_steps': {'train': last_train + 1, 'valid': history[-1]['step'] + 1 if history else 0}}
+        return {
+            'run': self.run_dir.name,
+            'logged': logged,  # its name in log_dir: the run's folder may be copied or moved
+            'purge_steps': {'train': last_train + 1, 'valid': history[-1]['step'] + 1 if history else 0},
+        }
 
     def check_state(self, state):
-        if state: bare_name(Path(state.get('run') or state['run_dir']).name, RUN_NAME, 'the checkpoint', 'TensorBoardLogger.run')
+        if state:
+            bare_name(
+                Path(state.get('run') or state['run_dir']).name, RUN_NAME, 'the checkpoint', 'TensorBoardLogger.run'
+            )
 
     def load_state_dict(self, state):
-        if not state: return
+        if not state:
+            return
         self.check_state(state)
         self._close()
         self.run_dir = self.log_dir / Path(state.get('run') or state['run_dir']).name  # in this logger's folder, always
         self._purge_steps = dict(state['purge_steps'])
         self._logged = state['logged']  # batches of the restored Recorder already written
+
 
 def _metrics(row):
     "The losses and metrics of a history row: its numbers, less the counters, lr and time."

@@ -25,9 +25,11 @@ def _start_level(losses, margin=0.1):
     number: a longer test does not move it), and `margin` of it, or the spread of those points if wider (a noisy start,
     as when the model is already trained; in a curve of 5 points or fewer they are all there is, not a start)."""
     head = np.asarray(losses[:5], dtype=float)
-    if len(head) == 0: return math.nan, 0.0
+    if len(head) == 0:
+        return math.nan, 0.0
     start = float(np.median(head))
     return start, max(margin * abs(start), float(head.max() - head.min()) if len(losses) > 5 else 0.0)
+
 
 def divergence(losses, margin=0.1, div_factor=4):
     """Index of the first point of the divergent tail of a range test's smoothed `losses` (their length if none): the
@@ -37,23 +39,29 @@ def divergence(losses, margin=0.1, div_factor=4):
     losses = np.asarray(losses, dtype=float)
     finite = np.isfinite(losses)
     end = len(losses) if finite.all() else int(np.argmin(finite))
-    if end == 0: return 0
+    if end == 0:
+        return 0
     start, band = _start_level(losses[:end], margin)
     low = int(np.argmin(losses[:end]))
     lowest = losses[low]
     descended = low >= 5 and lowest < start - band  # a real descent, after the points that set the level
     for i in range(max(low + 1, 5), end):
-        if losses[i] > start + band and (descended or (lowest > 0 and losses[i] > div_factor * lowest)): return i
+        if losses[i] > start + band and (descended or (lowest > 0 and losses[i] > div_factor * lowest)):
+            return i
     return end
+
 
 class LRFinder(Callback):
     "Raise every param group's lr exponentially from `start_lr` to `end_lr` over `num_it` optimizer steps; record the loss."
+
     order = Order.INPUT - 5  # first of all: a non-finite loss stops the test before anything skips or records it
     run_valid = False  # the test runs no validation
 
     def __init__(self, start_lr=1e-7, end_lr=10, num_it=100, stop_div=True, beta=None, div_factor=4, margin=0.1):
-        if not (start_lr > 0 and end_lr > start_lr): raise ValueError(f'need 0 < start_lr < end_lr, got {start_lr!r}, {end_lr!r}')
-        if not (isinstance(num_it, int) and num_it >= 1): raise ValueError(f'num_it must be an int >= 1, got {num_it!r}')
+        if not (start_lr > 0 and end_lr > start_lr):
+            raise ValueError(f'need 0 < start_lr < end_lr, got {start_lr!r}, {end_lr!r}')
+        if not (isinstance(num_it, int) and num_it >= 1):
+            raise ValueError(f'num_it must be an int >= 1, got {num_it!r}')
         self.start_lr, self.end_lr, self.num_it, self.stop_div = start_lr, end_lr, num_it, stop_div
         self.beta = smoothing_beta(num_it, share=0.05, least=5) if beta is None else beta  # 5% of the test, >= 5 points
         self.div_factor, self.margin = div_factor, margin
@@ -69,17 +77,21 @@ class LRFinder(Callback):
 
     def _set_lr(self):
         lr = self.lr_at(self.learn.step - self.start_step)
-        for group in self.learn.opt.param_groups: group['lr'] = lr * group.get('lr_scale', 1.0)  # groups' ratios kept
+        for group in self.learn.opt.param_groups:
+            group['lr'] = lr * group.get('lr_scale', 1.0)  # groups' ratios kept
         return lr
 
-    def before_batch(self): self._set_lr()
+    def before_batch(self):
+        self._set_lr()
 
-    def before_step(self): self._lr = self._set_lr()
+    def before_step(self):
+        self._lr = self._set_lr()
 
     def after_loss(self):
         learn = self.learn
         loss = learn.loss.detach().float().item()  # a sync per batch: fine for a short diagnostic run
-        if not math.isfinite(loss) and not learn.distributed: raise CancelFitException()  # ranks stop at after_step
+        if not math.isfinite(loss) and not learn.distributed:
+            raise CancelFitException()  # ranks stop at after_step
         n = float(learn.bs)
         self._window[0] += loss * n
         self._window[1] += n
@@ -88,21 +100,29 @@ class LRFinder(Callback):
         parts = self.learn.strategy.gather_object(self._window)  # every rank's share: the global batch's loss
         total, n = sum(p[0] for p in parts), sum(p[1] for p in parts)
         self._window = [0.0, 0.0]
-        if self.learn.step - self.start_step != len(self.lrs) + 1: return  # a step the fp16 scaler skipped
+        if self.learn.step - self.start_step != len(self.lrs) + 1:
+            return  # a step the fp16 scaler skipped
         raw = total / n if n else math.nan
         (smoothed,), self._smooth = smooth([raw], self.beta, self._smooth)
-        self.lrs.append(self._lr); self.raw_losses.append(raw); self.losses.append(smoothed)
-        if not math.isfinite(smoothed): raise CancelFitException()
-        if self.stop_div and divergence(self.losses, self.margin, self.div_factor) < len(self.losses): raise CancelFitException()
+        self.lrs.append(self._lr)
+        self.raw_losses.append(raw)
+        self.losses.append(smoothed)
+        if not math.isfinite(smoothed):
+            raise CancelFitException()
+        if self.stop_div and divergence(self.losses, self.margin, self.div_factor) < len(self.losses):
+            raise CancelFitException()
 
 # %% ../nbs/13_lr_finder.ipynb #ba1e0367
 class Suggestions(namedtuple('Suggestions', 'valley steep minimum')):
     "Suggested lrs from a range test; any may be None when the curve is too short or never falls."
+
     __slots__ = ()
+
     @property
     def best(self):
         "The first suggestion that is not None, in the order valley, steep, minimum."
         return next((s for s in self if s is not None), None)
+
 
 def used_end(losses, margin=0.1, div_factor=4, rise=0.25):
     """Where the part of a range test's smoothed `losses` that the suggestions use (and the plot draws as used) ends:
@@ -111,41 +131,51 @@ def used_end(losses, margin=0.1, div_factor=4, rise=0.25):
     back to the starting level yet."""
     losses = np.asarray(losses, dtype=float)
     end = divergence(losses, margin, div_factor)
-    if end == 0: return 0
+    if end == 0:
+        return 0
     start, band = _start_level(losses[:end], margin)
     low = int(np.argmin(losses[:end]))
     fall = start - losses[low]
-    if low < 5 or fall <= band: return end  # no real descent to jump back from
-    jumped = np.nonzero(losses[low + 1:end] > losses[low] + rise * fall)[0]
+    if low < 5 or fall <= band:
+        return end  # no real descent to jump back from
+    jumped = np.nonzero(losses[low + 1 : end] > losses[low] + rise * fall)[0]
     return low + 1 + int(jumped[0]) if len(jumped) else end
+
 
 def _usable(losses, div_factor=4, margin=0.1):
     "The indices of the points the suggestions use: divergent tail cut (`used_end`), first few skipped."
     end = used_end(losses, margin, div_factor)
     skip = min(10, end // 10)
-    if end - skip < 3: skip = 0
+    if end - skip < 3:
+        skip = 0
     return range(skip, end)
+
 
 def suggest_lrs(lrs, losses, div_factor=4, margin=0.1):
     "`Suggestions(valley, steep, minimum)` from a range test's lrs and smoothed losses, before the divergent tail."
-    if len(lrs) != len(losses): raise ValueError(f'{len(lrs)} lrs but {len(losses)} losses')
+    if len(lrs) != len(losses):
+        raise ValueError(f'{len(lrs)} lrs but {len(losses)} losses')
     keep = _usable(losses, div_factor, margin)
-    start, band = _start_level(np.asarray(losses, dtype=float)[:keep.stop], margin)
+    start, band = _start_level(np.asarray(losses, dtype=float)[: keep.stop], margin)
     lrs, losses = np.asarray(lrs, dtype=float)[keep], np.asarray(losses, dtype=float)[keep]
-    if len(lrs) == 0: return Suggestions(None, None, None)
+    if len(lrs) == 0:
+        return Suggestions(None, None, None)
     low = int(np.argmin(losses))
     minimum = float(lrs[low] / 10)
-    if len(lrs) < 3: return Suggestions(None, None, minimum)
+    if len(lrs) < 3:
+        return Suggestions(None, None, minimum)
     drop = start - losses[low]
-    if drop <= band: return Suggestions(None, None, minimum)  # the loss never really falls
-    top = int(np.nonzero(losses[:low + 1] >= start - 0.1 * drop)[0].max(initial=0))  # where the descent starts
+    if drop <= band:
+        return Suggestions(None, None, minimum)  # the loss never really falls
+    top = int(np.nonzero(losses[: low + 1] >= start - 0.1 * drop)[0].max(initial=0))  # where the descent starts
     log_lrs, h = np.log10(lrs), max(1, len(lrs) // 50)
     steep, best = None, 0.0
     if np.all(np.diff(log_lrs) > 0):  # a slope needs distinct, increasing positions
         for i in range(top, low + 1):
             a, b = max(i - h, top), min(i + h, low)
             slope = (losses[b] - losses[a]) / (log_lrs[b] - log_lrs[a]) if b > a else 0.0
-            if slope < best: steep, best = float(lrs[i]), slope
+            if slope < best:
+                steep, best = float(lrs[i]), slope
     valley = float(10 ** ((log_lrs[top] + log_lrs[low]) / 2)) if low > top else None
     return Suggestions(valley, steep, minimum)
 
@@ -154,13 +184,16 @@ def _loss_at(lrs, losses, lr):
     "The smoothed loss at `lr`, interpolated in log(lr) (clamped to the tested range)."
     return float(np.interp(math.log10(lr), np.log10(lrs), losses))
 
+
 PLOT_AREA = dict(left=0.1, right=0.97, bottom=0.15, top=0.95)  # the axes in the figure, as fractions
 # ipywidgets 8's slider in JupyterLab: a 2 px margin, then the description, 4 + 10 px, the track; after the track 10 px
 # and a 72 px readout. From the figure's left edge, the track starts at description + 16 and ends at width - 80.
 _TRACK_START, _TRACK_END = 16, 80
 
+
 class LRFinderResult(NamedTuple):
     "What `lr_find` returns: the lrs tried, the smoothed loss at each, and the `Suggestions`."
+
     lrs: list
     losses: list
     suggestions: Suggestions
@@ -173,6 +206,7 @@ class LRFinderResult(NamedTuple):
         "The smoothed loss against the lr (log axis): suggestions marked, the divergent tail (`used_end`) faint; `lr` circled, `chosen` as a line."
         from nbtrainer.plotting import new_figure, show_figures_inline
         from nbtrainer.render import LEGEND_POINTS, theme_context
+
         show_figures_inline()
         fig = fig if fig is not None else new_figure(theme=theme)
         fig.clear()
@@ -182,8 +216,14 @@ class LRFinderResult(NamedTuple):
             if self.lrs:
                 ax.plot(self.lrs[:end], self.losses[:end], color='tab:blue', label='smoothed loss')
                 if end < len(self.lrs):  # drawn, but not used: faint, and kept out of the y range
-                    ax.plot(self.lrs[end - 1:], self.losses[end - 1:], '--', color='tab:blue', alpha=0.35,
-                            label='diverged (not used)')
+                    ax.plot(
+                        self.lrs[end - 1 :],
+                        self.losses[end - 1 :],
+                        '--',
+                        color='tab:blue',
+                        alpha=0.35,
+                        label='diverged (not used)',
+                    )
                     used = [v for v in self.losses[:end]]
                     pad = 0.1 * (max(used) - min(used)) or 0.1 * abs(used[0]) or 0.1
                     ax.set_ylim(min(used) - pad, max(used) + 2 * pad)
@@ -194,13 +234,18 @@ class LRFinderResult(NamedTuple):
                         at, label = value * 10, f'lowest loss at {value * 10:.1e} (minimum: a tenth, {value:.1e})'
                     ax.plot([at], [self.loss_at(at)], style, ms=7, ls='none', label=label)
             if lr is not None and self.lrs:
-                ax.plot([lr], [self.loss_at(lr)], 'o', color='tab:red', ms=11, mfc='none', mew=2, label=f'slider: {lr:.2e}')
-            if chosen is not None: ax.axvline(chosen, color='tab:red', lw=1.5, label=f'chosen: {chosen:.2e}')
+                ax.plot(
+                    [lr], [self.loss_at(lr)], 'o', color='tab:red', ms=11, mfc='none', mew=2, label=f'slider: {lr:.2e}'
+                )
+            if chosen is not None:
+                ax.axvline(chosen, color='tab:red', lw=1.5, label=f'chosen: {chosen:.2e}')
             ax.set_xscale('log')
             ax.set_xlabel('learning rate (log scale)')
             ax.set_ylabel('loss')
-            if ax.get_legend_handles_labels()[0]: ax.legend(fontsize=LEGEND_POINTS)
-            if len(self.lrs) > 1 and self.lrs[-1] > self.lrs[0]: ax.set_xlim(self.lrs[0], self.lrs[-1])  # the slider's range
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=LEGEND_POINTS)
+            if len(self.lrs) > 1 and self.lrs[-1] > self.lrs[0]:
+                ax.set_xlim(self.lrs[0], self.lrs[-1])  # the slider's range
         fig.subplots_adjust(**PLOT_AREA)
         return fig
 
@@ -211,17 +256,28 @@ class LRFinderResult(NamedTuple):
         import ipywidgets as W  # lazy: only for the interactive view
         from nbtrainer.plotting import figure_image, new_figure
         from nbtrainer.render import display_size, figure_png
-        if not self.lrs: raise ValueError('the range test recorded no point: nothing to show')
+
+        if not self.lrs:
+            raise ValueError('the range test recorded no point: nothing to show')
         lo, hi = math.log10(self.lrs[0]), math.log10(self.lrs[-1])
-        if hi <= lo: lo, hi = lo - 0.5, hi + 0.5
+        if hi <= lo:
+            lo, hi = lo - 0.5, hi + 0.5
         start = min(max(self.suggestions.best or self.lrs[0], self.lrs[0]), self.lrs[-1])  # a tested lr
         fig = new_figure(theme=theme)
         width = display_size(fig)[0]  # the figure's CSS px: the slider's track spans the x axis, lr for lr
         left, right = PLOT_AREA['left'] * width, PLOT_AREA['right'] * width
-        slider = W.FloatLogSlider(value=start, base=10, min=lo, max=hi, step=(hi - lo) / max(len(self.lrs) - 1, 100),
-                                  description='lr', readout_format='.2e', continuous_update=False,
-                                  style={'description_width': f'{left - _TRACK_START:.0f}px'},
-                                  layout=W.Layout(width=f'{right + _TRACK_END:.0f}px'))
+        slider = W.FloatLogSlider(
+            value=start,
+            base=10,
+            min=lo,
+            max=hi,
+            step=(hi - lo) / max(len(self.lrs) - 1, 100),
+            description='lr',
+            readout_format='.2e',
+            continuous_update=False,
+            style={'description_width': f'{left - _TRACK_START:.0f}px'},
+            layout=W.Layout(width=f'{right + _TRACK_END:.0f}px'),
+        )
         button, label = W.Button(description='Use this LR', button_style='primary'), W.Label()
         box = W.VBox([W.HBox([slider, button]), label])
         box.slider, box.button, box.label, box.fig, box.handle, box.chosen = slider, button, label, fig, None, None
@@ -229,7 +285,8 @@ class LRFinderResult(NamedTuple):
         def draw():
             self.plot(box.fig, lr=slider.value, chosen=box.chosen)
             box.png = figure_png(box.fig)
-            if box.handle is not None: box.handle.update(figure_image(box.fig, box.png))
+            if box.handle is not None:
+                box.handle.update(figure_image(box.fig, box.png))
 
         def show(change=None):
             draw()
@@ -250,9 +307,11 @@ class LRFinderResult(NamedTuple):
         import html
         from IPython.display import HTML, display
         from nbtrainer.plotting import figure_image
+
         controls = self.widget(learn, theme)
         controls.handle = display(figure_image(controls.fig, controls.png), display_id=True)
-        if note: display(HTML(f'<p style="margin:2px 0;font-size:12px"><i>{html.escape(note)}</i></p>'))
+        if note:
+            display(HTML(f'<p style="margin:2px 0;font-size:12px"><i>{html.escape(note)}</i></p>'))
         display_widget(controls, 'LR finder controls: a slider and "Use this LR" (live while the kernel runs)')
 
 # %% ../nbs/13_lr_finder.ipynb #4b09b23f
@@ -260,26 +319,37 @@ class LRFinderResult(NamedTuple):
 def lr_find(learn, start_lr=1e-7, end_lr=10, num_it=100, stop_div=True, show=True, theme=None):
     "LR range test: `num_it` steps with the lr rising exponentially; returns an `LRFinderResult`. The learner is restored."
     finder = LRFinder(start_lr, end_lr, num_it, stop_div)
-    learn.probe(num_it, cbs=[finder], name='lr_find')  # real steps, then everything put back; no display, no file, no validation
+    learn.probe(
+        num_it, cbs=[finder], name='lr_find'
+    )  # real steps, then everything put back; no display, no file, no validation
     suggestions = suggest_lrs(finder.lrs, finder.losses, finder.div_factor, finder.margin)
     result = LRFinderResult(list(finder.lrs), list(finder.losses), suggestions)
     note = None
     if suggestions.valley is None and result.lrs:
         lo, hi = result.lrs[0], result.lrs[-1]
-        learn.lr_note = (f'the last lr_find found no descent of the loss over lrs {lo:.1e}..{hi:.1e} ({len(result.lrs)} steps), '
-                         'so it suggests no lr')
+        learn.lr_note = (
+            f'the last lr_find found no descent of the loss over lrs {lo:.1e}..{hi:.1e} ({len(result.lrs)} steps), '
+            'so it suggests no lr'
+        )
         if learn.step:  # a trained model: its loss is near its floor at every lr, which says nothing against the model
-            note = (f'No descent of the loss: the model has trained {learn.step} steps, so its loss is near its floor at '
-                    'every lr tried. The test suggests an lr for a model at the start of its training, or of a new phase '
-                    '(after unfreezing layers); this one keeps the lr it trained with, or a smaller one.')
-            if not (show and in_jupyter()) and learn.main_process: print(note)
+            note = (
+                f'No descent of the loss: the model has trained {learn.step} steps, so its loss is near its floor at '
+                'every lr tried. The test suggests an lr for a model at the start of its training, or of a new phase '
+                '(after unfreezing layers); this one keeps the lr it trained with, or a smaller one.'
+            )
+            if not (show and in_jupyter()) and learn.main_process:
+                print(note)
         else:
-            warnings.warn(f'{learn.lr_note}: try a wider range (start_lr=1e-8, end_lr=100), more iterations (num_it=300), '
-                          'or check that the model can learn at all (a loss that cannot fall, data that does not vary)',
-                          stacklevel=2)
+            warnings.warn(
+                f'{learn.lr_note}: try a wider range (start_lr=1e-8, end_lr=100), more iterations (num_it=300), '
+                'or check that the model can learn at all (a loss that cannot fall, data that does not vary)',
+                stacklevel=2,
+            )
     if show and in_jupyter() and result.lrs and learn.main_process:
-        try: result.show(learn, theme, note)
+        try:
+            result.show(learn, theme, note)
         except ImportError:  # no ipywidgets: the static figure
             from IPython.display import display
+
             display(result.plot(theme=theme))
     return result

@@ -17,33 +17,51 @@ import numpy as np
 from .core import patch_to
 from .progress import in_jupyter
 from .recorder import Recorder, smooth
-from .render import (DISPLAY_DPI, FIGURE_SIZE, THEMES, display_size, draw_history, every_kth, figure,
-                              figure_png, valid_points)
+from nbtrainer.render import (
+    DISPLAY_DPI,
+    FIGURE_SIZE,
+    THEMES,
+    display_size,
+    draw_history,
+    every_kth,
+    figure,
+    figure_png,
+    valid_points,
+)
 
 # %% ../nbs/03_plotting.ipynb #0e3ef8f2
 _THEME_SETTINGS = ('@jupyterlab', 'apputils-extension', 'themes.jupyterlab-settings')
+
 
 def jupyter_theme():
     "'dark' or 'light', as JupyterLab's settings name the user's theme (user settings, then the site's overrides); None if they say nothing."
     folder = os.environ.get('JUPYTERLAB_SETTINGS_DIR')
     if folder is None:
-        try: from jupyter_core.paths import jupyter_config_dir
-        except ImportError: return None
+        try:
+            from jupyter_core.paths import jupyter_config_dir
+        except ImportError:
+            return None
         folder = Path(jupyter_config_dir()) / 'lab' / 'user-settings'
     overrides = Path(sys.prefix) / 'share' / 'jupyter' / 'lab' / 'settings' / 'overrides.json'
     for path in (Path(folder).joinpath(*_THEME_SETTINGS), overrides):
-        try: text = path.read_text()
-        except OSError: continue
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
         found = re.search(r'"theme"\s*:\s*"([^"]*)"', text)  # the files are JSON5: comments, so no json.loads
-        if found: return 'dark' if 'dark' in found.group(1).lower() else 'light'
+        if found:
+            return 'dark' if 'dark' in found.group(1).lower() else 'light'
     return None
+
 
 def resolve_theme(theme=None):
     "`theme` if given ('light' or 'dark'); else JupyterLab's in a Jupyter kernel; else 'light'."
     if theme is not None:
-        if theme not in THEMES: raise ValueError(f"theme must be 'light', 'dark' or None, got {theme!r}")
+        if theme not in THEMES:
+            raise ValueError(f"theme must be 'light', 'dark' or None, got {theme!r}")
         return theme
     return (jupyter_theme() if in_jupyter() else None) or 'light'
+
 
 def new_figure(size=FIGURE_SIZE, theme=None):
     "A bare matplotlib `Figure` of `size` inches (shown at 80 CSS px an inch, drawn at 2x), in the theme's colours (`resolve_theme`)."
@@ -55,27 +73,37 @@ def _batch_steps(recorder, losses=None):
     n, steps = len(recorder.batches['loss'] if losses is None else losses), recorder.batches.get('step', [])
     return np.asarray(steps) + 1 if len(steps) == n else np.arange(1, n + 1)  # a recorder filled by hand: one step each
 
+
 def figure_image(fig, png=None):
     "An IPython `Image` of `fig` (or of its `png` bytes) at the figure's display size: the 2x PNG shows sharp."
     from IPython.display import Image
+
     width, height = display_size(fig)
     return Image(data=png if png is not None else figure_png(fig), width=width, height=height)
+
 
 def _png_for_display(fig):
     "IPython's PNG formatter: the bytes and the display size, so a 2x image shows at its CSS size (as `retina` does)."
     width, height = display_size(fig)
     return figure_png(fig), {'width': width, 'height': height}
 
+
 def show_figures_inline():
     "In IPython, let a bare `Figure` returned by a cell show as a sharp PNG (matplotlib only sets this up once pyplot is used)."
-    if 'IPython' not in sys.modules: return  # a script: nothing to show inline
+    if 'IPython' not in sys.modules:
+        return  # a script: nothing to show inline
     from IPython import get_ipython
     from matplotlib.figure import Figure
+
     shell = get_ipython()
-    if shell is None: return
+    if shell is None:
+        return
     png = shell.display_formatter.formatters['image/png']
-    try: png.lookup_by_type(Figure)
-    except KeyError: png.for_type(Figure, _png_for_display)  # keep a format the user already chose (retina, svg...)
+    try:
+        png.lookup_by_type(Figure)
+    except KeyError:
+        png.for_type(Figure, _png_for_display)  # keep a format the user already chose (retina, svg...)
+
 
 def history_curves(recorder):
     "The smoothed training loss and the validation loss, each as (steps, values): what a branch draws of its parent run."
@@ -83,6 +111,7 @@ def history_curves(recorder):
     smoothed = smooth(losses, recorder.beta)[0]
     steps = _batch_steps(recorder, losses).tolist()
     return {'smooth': every_kth(steps, smoothed), 'valid_loss': valid_points(recorder.history)}
+
 
 def plot_history(recorder, path=None, fig=None, theme=None, metrics=(), parent=None):
     """Draw `recorder`'s loss and metric curves into `fig` (a new figure if None), with `nbtrainer.render.draw_history`;
@@ -93,8 +122,10 @@ def plot_history(recorder, path=None, fig=None, theme=None, metrics=(), parent=N
     losses = recorder.train_losses
     smoothed = smooth(losses, recorder.beta)[0]  # the Recorder's own moving average, as the bars show it
     draw_history(fig, _batch_steps(recorder, losses), losses, smoothed, recorder.history, metrics, parent)
-    if path is not None: fig.savefig(path)  # the same 2x PNG Jupyter shows
+    if path is not None:
+        fig.savefig(path)  # the same 2x PNG Jupyter shows
     return fig
+
 
 @patch_to(Recorder)
 def plot(self, path=None, theme=None):

@@ -15,6 +15,7 @@ import torch
 # %% ../nbs/05_precision.ipynb #18effc2a
 class MixedPrecision:
     "The autocast dtype of the forward pass and loss, and for fp16 the loss scaler: `precision` is 'fp32', 'bf16' or 'fp16'."
+
     dtypes = {'fp32': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
 
     def __init__(self, precision='fp32', device='cpu'):
@@ -23,13 +24,15 @@ class MixedPrecision:
         self.name, self.dtype, self.device_type = precision, self.dtypes[precision], torch.device(device).type
         self.scaler = torch.amp.GradScaler(self.device_type) if precision == 'fp16' else None
         self.skipped = torch.zeros((), dtype=torch.int64, device=device) if self.scaler is not None else None
-        self._unscaled = False  # this step's gradients were divided by the scale already
+        self.unscaled = False  # this step's gradients were divided by the scale already (the Learner reads it)
 
-    def __repr__(self): return f'MixedPrecision({self.name!r})'
+    def __repr__(self):
+        return f'MixedPrecision({self.name!r})'
 
     def autocast(self):
         "The context the forward pass and the loss run in."
-        if self.dtype is None: return contextlib.nullcontext()
+        if self.dtype is None:
+            return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
 
     def scale(self, loss):
@@ -38,17 +41,18 @@ class MixedPrecision:
 
     def unscale(self, opt):
         "Divide `opt`'s gradients by the loss scale, once per step: before clipping, or anything else that reads them."
-        if self.scaler is not None and not self._unscaled:
+        if self.scaler is not None and not self.unscaled:
             self.scaler.unscale_(opt)
-            self._unscaled = True
+            self.unscaled = True
 
-    def step(self, opt):
-        "Step `opt`; with fp16 a step the scaler skips (inf or NaN gradients) is counted in `skipped`, on the device."
-        if self.scaler is None: return opt.step()
+    def update_weights(self, opt):
+        "`opt` updates the weights; with fp16, an update the scaler skips (gradients not finite) counts in `skipped`."
+        if self.scaler is None:
+            return opt.step()
         before = self.scaler._scale.clone()  # the scale, on the device: get_scale() would read it back, a sync
         self.scaler.step(opt)
         self.scaler.update()
-        self._unscaled = False
+        self.unscaled = False
         self.skipped += self.scaler._scale < before  # it backs off exactly when it skipped the step
 
     def skipped_steps(self):
@@ -57,14 +61,16 @@ class MixedPrecision:
 
     def end_step(self):
         "After a step that a callback cancelled once the gradients were unscaled: close it, so the next step starts clean."
-        if self._unscaled:
+        if self.unscaled:
             self.scaler.update()
-            self._unscaled = False
+            self.unscaled = False
 
     def state_dict(self):
         return {} if self.scaler is None else {'scaler': self.scaler.state_dict(), 'skipped': self.skipped.clone()}
 
     def load_state_dict(self, state):
         "Put back a scaler's state; a checkpoint from another precision leaves this one as it is (the weights are fp32 either way)."
-        if self.scaler is not None and state.get('scaler'): self.scaler.load_state_dict(state['scaler'])
-        if self.scaler is not None and 'skipped' in state: self.skipped.copy_(state['skipped'])
+        if self.scaler is not None and state.get('scaler'):
+            self.scaler.load_state_dict(state['scaler'])
+        if self.scaler is not None and 'skipped' in state:
+            self.skipped.copy_(state['skipped'])

@@ -11,45 +11,56 @@ __all__ = ['Preemption']
 import signal, threading
 
 from .callback import Callback, Order, PreemptedException, add_note
-from .core import Learner
+from .core import fills
 
 # %% ../nbs/08b_preemption.ipynb #acfb60a3
+@fills('preemption')  # every Learner gets one, unless Learner(preemption=False)
 class Preemption(Callback):
     "SIGTERM/SIGUSR1 during a fit: finish the step, checkpoint it, end the fit as 'preempted', exit with 128 + signal."
+
     order = Order.CONTROL + 50  # after every other callback has seen the step, the Checkpointer's save included
     run_valid = False
     signals = tuple(getattr(signal, name) for name in ('SIGTERM', 'SIGUSR1') if hasattr(signal, name))
 
-    def __init__(self, exit=True): self.exit, self.received, self._previous = exit, None, {}
+    def __init__(self, exit=True):
+        self.exit, self.received, self._previous = exit, None, {}
 
     def _handle(self, signum, frame):
-        if self.received is None: self.received = signum  # noted only: the loop stops at its next step boundary
+        if self.received is None:
+            self.received = signum  # noted only: the loop stops at its next step boundary
 
     def before_fit(self):
         self.received = None
-        if threading.current_thread() is not threading.main_thread(): return  # only the main thread may set handlers
+        if threading.current_thread() is not threading.main_thread():
+            return  # only the main thread may set handlers
         self._previous = {s: signal.signal(s, self._handle) for s in self.signals}
 
     def after_batch(self):
         learn = self.learn
-        if self.received is None and learn.strategy.world == 1: return  # the common case: one test per batch
+        if self.received is None and learn.strategy.world == 1:
+            return  # the common case: one test per batch
         signum = learn.strategy.agreed_signal(self.received)  # DDP: the same on every rank, from its periodic check
-        if signum is None or learn.accumulating: return  # a step boundary: the window's micro-batches are in
+        if signum is None or learn.accumulating:
+            return  # a step boundary: the window's micro-batches are in
         for cb in learn.cbs:
-            if getattr(cb, 'keeps_checkpoints', False): cb.save_step()
+            if getattr(cb, 'keeps_checkpoints', False):
+                cb.save_step()
         name = signal.Signals(signum).name + ('' if self.received else ' on another rank')
         self.received = signum  # what this process exits with
         raise PreemptedException(f'preempted by {name} at step {learn.step}')
 
     def after_fit(self):
-        for s, previous in self._previous.items(): signal.signal(s, previous)
+        for s, previous in self._previous.items():
+            signal.signal(s, previous)
         self._previous = {}
         learn, signum = self.learn, self.received
-        if learn.fit_outcome == 'preempted': signum = signum or signal.SIGTERM
-        if signum is None: return
+        if learn.fit_outcome == 'preempted':
+            signum = signum or signal.SIGTERM
+        if signum is None:
+            return
         if learn.fit_outcome == 'failed':  # the error says more than the signal: it goes on, with a note of the signal
             add_note(learn.fit_exception, f'{signal.Signals(signum).name} arrived during this fit')
-        elif self.exit:  # preempted, or a signal after the last step (the final evaluation, a save, after_fit): never lost
+        elif (
+            self.exit
+        ):  # preempted, or a signal after the last step (the final evaluation, a save, after_fit): never lost
             raise SystemExit(128 + signum)  # every other callback's after_fit ran before this one
-
-Learner.preemption_factory = Preemption  # every Learner gets one, unless Learner(preemption=False)

@@ -13,15 +13,17 @@ import math, sys
 
 from . import clock
 from .callback import Callback, Order
-from .core import Learner
 from .data import loader_length
 
 # %% ../nbs/02_progress.ipynb #cde00985
 def in_jupyter():
     "True inside a Jupyter kernel; False in a script, a terminal IPython or nbdev's test shell."
-    if 'IPython' not in sys.modules: return False  # never imported: certainly no kernel
+    if 'IPython' not in sys.modules:
+        return False  # never imported: certainly no kernel
     from IPython import get_ipython
+
     return getattr(get_ipython(), 'kernel', None) is not None
+
 
 def current_kernel():
     "The running ipykernel's `Kernel` (to publish to a cell, or read the request it runs); None outside one."
@@ -35,12 +37,24 @@ def format_row(row, keys=None):
     cells = []
     for k in keys:
         v = row.get(k, '')
-        text = v if isinstance(v, str) else f'{v:.1f}s' if k == 'time' else f'{v}' if isinstance(v, int) else \
-            ' '.join(f'{x:.2g}' for x in v) if isinstance(v, (list, tuple)) else f'{v:.4g}'  # e.g. the groups' lrs
+        text = (
+            v
+            if isinstance(v, str)
+            else f'{v:.1f}s'
+            if k == 'time'
+            else f'{v}'
+            if isinstance(v, int)
+            else ' '.join(f'{x:.2g}' for x in v)
+            if isinstance(v, (list, tuple))
+            else f'{v:.4g}'
+        )  # e.g. the groups' lrs
         cells.append(f'{text:>{max(len(k), 10)}}')
     return ' '.join(cells)
 
-def format_header(keys): return ' '.join(f'{k:>{max(len(k), 10)}}' for k in keys)
+
+def format_header(keys):
+    return ' '.join(f'{k:>{max(len(k), 10)}}' for k in keys)
+
 
 def describe_ending(learn, seconds=None):
     "How `learn`'s last fit ended, in one line: finished, stopped (and why), interrupted, or failed (with the error)."
@@ -48,52 +62,73 @@ def describe_ending(learn, seconds=None):
     planned = f' of {learn.fit_start[1] + learn.n_steps}' if learn.n_steps else ''
     took = f', {seconds:.1f} s' if seconds is not None else ''
     why = ''
-    if outcome in ('stopped', 'preempted'): why = str(error or '')  # the reason the stop gave, if any
+    if outcome in ('stopped', 'preempted'):
+        why = str(error or '')  # the reason the stop gave, if any
     elif outcome == 'failed':
         notes = getattr(error, '__notes__', None)  # where it was raised, as the Learner notes it
         why = f'{type(error).__name__}: {error}' + (f' ({notes[0]})' if notes else '')
-    return f'Fit {outcome} at step {learn.step}{planned} (epoch {learn.epoch}{took})' + (f': {why}' if why else '') + '.'
+    return (
+        f'Fit {outcome} at step {learn.step}{planned} (epoch {learn.epoch}{took})' + (f': {why}' if why else '') + '.'
+    )
+
 
 def brief_traceback(error, learn):
     "Let IPython show `error`, which ended `learn`'s fit, as one line saying how the fit ended; the full traceback stays in `learn.fit_exception`."
+
     def render():
-        hint = (' Full traceback: import traceback; traceback.print_exception(learn.fit_exception)'
-                if learn.fit_outcome == 'failed' else '')  # a line to paste as it is
+        hint = (
+            ' Full traceback: import traceback; traceback.print_exception(learn.fit_exception)'
+            if learn.fit_outcome == 'failed'
+            else ''
+        )  # a line to paste as it is
         return [f'\x1b[0;31m{describe_ending(learn)}\x1b[0m{hint}']
+
     error._render_traceback_ = render  # IPython's hook for exceptions that render themselves (ipyparallel's)
     return error
+
 
 def widget_bundle(widget, text):
     "An ipywidget's output bundle with `text` as its static form (what a saved notebook shows without the widget's state)."
     import html
+
     static = {'text/plain': text, 'text/html': f'<p><em>{html.escape(text)}</em></p>'}  # GitHub, nbconvert, the docs
     return {**widget._repr_mimebundle_(), **static}
+
 
 def display_widget(widget, text):
     "Display an ipywidget with `text` as its static form; returns the display handle."
     from IPython.display import display
+
     return display(widget_bundle(widget, text), raw=True, display_id=True)
 
 # %% ../nbs/02_progress.ipynb #dc106bc9
 class ProgressCallback(Callback):
     "Epoch and batch bars with the smoothed loss; prints each history row as the fit goes."
+
     order = Order.DISPLAY
     side_effects = main_process_only = True  # it draws; under DDP rank 0 alone does
 
     def __init__(self, refresh=0.2, file=None):
         self.refresh, self.file = refresh, file
         self.epoch_bar = self.batch_bar = self.valid_bar = None
-        self._pending, self._last, self._refresh = 0, 0.0, self._show  # batches not shown yet, last refresh, what it updates
+        self._pending, self._last, self._refresh = (
+            0,
+            0.0,
+            self._show,
+        )  # batches not shown yet, last refresh, what it updates
         self._outputs = {}  # a notebook bar's output, by the bar's id: it ends as the bar's text
 
     def _bar(self, **kwargs):
-        if self.file is None and in_jupyter(): return self._notebook_bar(**kwargs)
+        if self.file is None and in_jupyter():
+            return self._notebook_bar(**kwargs)
         from tqdm import tqdm  # lazy; text to the file asked for (stderr by default), in Jupyter too
+
         return tqdm(file=self.file, dynamic_ncols=True, **kwargs)
 
     def _notebook_bar(self, position=None, **kwargs):
         "A `tqdm.notebook` bar in an output of its own, which `_close` turns into text: no dead widget in a saved notebook."
         from tqdm.notebook import tqdm  # lazy: widgets only in a notebook
+
         bar = tqdm(display=False, **kwargs)
         self._outputs[id(bar)] = display_widget(bar.container, str(bar))
         return bar
@@ -101,18 +136,23 @@ class ProgressCallback(Callback):
     def _close(self, bar):
         "Close a bar; a notebook bar's output becomes its last text first (nothing, for a bar that does not stay)."
         output = self._outputs.pop(id(bar), None)
-        if output is not None: output.update({'text/plain': str(bar) if bar.leave else ''}, raw=True)
+        if output is not None:
+            output.update({'text/plain': str(bar) if bar.leave else ''}, raw=True)
         bar.close()
 
     def before_fit(self):
         learn = self.learn
         self._header_done = False
+        learn.recorder.keep_fresh(self.refresh)  # the losses the bar shows are at most `refresh` s old
         n_batches = loader_length(learn.train_dl)
         steps_per_epoch = learn.steps_per_epoch or (math.ceil(n_batches / learn.accumulate) if n_batches else None)
-        epochs = learn.n_epochs or (math.ceil(learn.n_steps / steps_per_epoch) if learn.n_steps and steps_per_epoch else None)
+        epochs = learn.n_epochs or (
+            math.ceil(learn.n_steps / steps_per_epoch) if learn.n_steps and steps_per_epoch else None
+        )
         start = learn.fit_start[0]  # epochs count from the Learner's start, as the table's epoch column does
-        self.epoch_bar = self._bar(total=start + epochs if epochs else None, initial=learn.epoch, desc='epoch', unit='epoch',
-                                   position=0)
+        self.epoch_bar = self._bar(
+            total=start + epochs if epochs else None, initial=learn.epoch, desc='epoch', unit='epoch', position=0
+        )
 
     def before_train(self):
         learn = self.learn
@@ -132,10 +172,11 @@ class ProgressCallback(Callback):
             self._refresh()
 
     def _show(self):
-        if self.batch_bar is None: return
+        if self.batch_bar is None:
+            return
         self.batch_bar.update(self._pending)
         self._pending = 0
-        loss = self.learn.recorder.smooth_loss  # the one sync
+        loss = self.learn.recorder.smooth_loss  # as the loop last read it: reading it reads nothing
         extras = ''.join(f', {k}={v}' for k, v in self.learn.status.items())  # short texts other callbacks post
         self.batch_bar.set_postfix_str(f'loss={loss:.4g}{extras}', refresh=True)
 
@@ -145,19 +186,23 @@ class ProgressCallback(Callback):
         self.batch_bar = None
 
     def before_validate(self):
-        if not self.learn.fitting: return  # learn.validate() outside a fit shows nothing
+        if not self.learn.fitting:
+            return  # learn.validate() outside a fit shows nothing
         self._train_pending, self._pending, self._refresh = self._pending, 0, self._show_valid
 
     def _show_valid(self):
         if self.valid_bar is None:  # this validation outlasted a refresh period: now it gets a bar
-            self.valid_bar = self._bar(total=loader_length(self.learn.dl), desc='valid', unit='batch', leave=False,
-                                       position=2, mininterval=0)  # `refresh` throttles it already
+            self.valid_bar = self._bar(
+                total=loader_length(self.learn.dl), desc='valid', unit='batch', leave=False, position=2, mininterval=0
+            )  # `refresh` throttles it already
         self.valid_bar.update(self._pending)
         self._pending = 0
 
     def after_validate(self):
-        if self._refresh != self._show_valid: return
-        if self.valid_bar is not None: self._close(self.valid_bar)  # leave=False: it disappears
+        if self._refresh != self._show_valid:
+            return
+        if self.valid_bar is not None:
+            self._close(self.valid_bar)  # leave=False: it disappears
         self.valid_bar, self._pending, self._refresh = None, self._train_pending, self._show
 
     def after_eval(self):
@@ -170,15 +215,14 @@ class ProgressCallback(Callback):
             self._header_done = True
         self.epoch_bar.write(format_row(row, keys), file=self.file)
 
-    def after_epoch(self): self.epoch_bar.update(1)
+    def after_epoch(self):
+        self.epoch_bar.update(1)
 
     def after_fit(self):
         if self.learn.fit_outcome != 'finished' and self.epoch_bar is not None:
             self.epoch_bar.write(describe_ending(self.learn), file=self.file)
         for bar in (self.valid_bar, self.batch_bar, self.epoch_bar):
-            if bar is not None: self._close(bar)
+            if bar is not None:
+                self._close(bar)
         self.epoch_bar = self.batch_bar = self.valid_bar = None
         self._refresh = self._show
-
-# %% ../nbs/02_progress.ipynb #d8d7bb91
-Learner.display_factory = lambda dashboard, display=None: ProgressCallback()  # nbtrainer.dashboard adds Jupyter's

@@ -22,9 +22,11 @@ from .metrics import computed, metric_name, state_leaves
 class Column(Sequence):
     """A list-like column of numbers: the rows a checkpoint brought back (an array, or a map of its side file, converted
     when read), then the rows appended since (a typed array, or a `RunColumn`)."""
+
     def __init__(self, restored=None, integer=False, typecode=None, appended=None, check=None):
         self.restored, self.integer = (np.zeros(0) if restored is None else restored), integer
-        if appended is None: appended = array.array(typecode or ('q' if integer else 'd'))  # not a Python object each
+        if appended is None:
+            appended = array.array(typecode or ('q' if integer else 'd'))  # not a Python object each
         self.appended, self.check = appended, check  # check: called once, before the restored rows are first read
 
     @property
@@ -41,43 +43,66 @@ class Column(Sequence):
             check()  # it may drop them (a damaged side file): read self.restored after it
         return self.restored
 
-    def _values(self, array): return (array.astype(np.int64) if self.integer else array).tolist()
-    def __len__(self): return len(self.restored) + len(self.appended)
-    def append(self, value): self.appended.append(value)
+    def _values(self, array):
+        return (array.astype(np.int64) if self.integer else array).tolist()
+
+    def __len__(self):
+        return len(self.restored) + len(self.appended)
+
+    def append(self, value):
+        self.appended.append(value)
+
     def extend(self, values):
         if isinstance(values, np.ndarray) and isinstance(self.appended, array.array):  # an array's worth: one copy
             self.appended.frombytes(values.astype(np.dtype(self.appended.typecode)).tobytes())
-        else: self.appended.extend(values)
-    def tolist(self): return self._values(self._head()) + self.appended.tolist()
-    def __iter__(self): return iter(self.tolist())
-    def __eq__(self, other): return isinstance(other, Sequence) and len(self) == len(other) and self.tolist() == list(other)
-    def __repr__(self): return f'Column({self.tolist()!r})' if len(self) <= 10 else f'Column(<{len(self)} values>)'
+        else:
+            self.appended.extend(values)
+
+    def tolist(self):
+        return self._values(self._head()) + self.appended.tolist()
+
+    def __iter__(self):
+        return iter(self.tolist())
+
+    def __eq__(self, other):
+        return isinstance(other, Sequence) and len(self) == len(other) and self.tolist() == list(other)
+
+    def __repr__(self):
+        return f'Column({self.tolist()!r})' if len(self) <= 10 else f'Column(<{len(self)} values>)'
 
     def __getitem__(self, i):
         if isinstance(i, slice):
             start, stop, step = i.indices(len(self))
-            if step != 1: return self.tolist()[i]
+            if step != 1:
+                return self.tolist()[i]
             n = len(self._head()) if start < len(self.restored) else len(self.restored)
-            head = self._values(self.restored[start:min(stop, n)]) if start < n else []
-            tail = self.appended[max(start - n, 0):max(stop - n, 0)]
+            head = self._values(self.restored[start : min(stop, n)]) if start < n else []
+            tail = self.appended[max(start - n, 0) : max(stop - n, 0)]
             return head + (tail if isinstance(tail, list) else tail.tolist())
-        if i < 0: i += len(self)
+        if i < 0:
+            i += len(self)
         n = len(self.restored)
-        if not 0 <= i < n: return self.appended[i - n]
+        if not 0 <= i < n:
+            return self.appended[i - n]
         n = len(self._head())
-        if not 0 <= i < n: return self.appended[i - n]  # the check dropped the restored rows
+        if not 0 <= i < n:
+            return self.appended[i - n]  # the check dropped the restored rows
         return int(self.restored[i]) if self.integer else self.restored[i].item()
 
     def truncate(self, n):
         "Keep the first `n` values."
         k = len(self.restored)
-        if n <= k: self.restored, n = self.restored[:n], k
-        if isinstance(self.appended, RunColumn): self.appended.truncate(n - k)
-        else: del self.appended[n - k:]
+        if n <= k:
+            self.restored, n = self.restored[:n], k
+        if isinstance(self.appended, RunColumn):
+            self.appended.truncate(n - k)
+        else:
+            del self.appended[n - k :]
 
 # %% ../nbs/00d_recorder.ipynb #5a7daa95
 class RunColumn(Sequence):
     "A list-like column stored as runs: from index `start`, `first` growing by 1 every `period` values (0: constant)."
+
     def __init__(self, values=(), integer=False):
         self.integer, self.n = integer, 0
         self.starts, self.periods = array.array('q'), array.array('q')
@@ -85,9 +110,11 @@ class RunColumn(Sequence):
         self.extend(values)
 
     @property
-    def nbytes(self): return sum(a.itemsize * len(a) for a in (self.starts, self.periods, self.firsts))
+    def nbytes(self):
+        return sum(a.itemsize * len(a) for a in (self.starts, self.periods, self.firsts))
 
-    def __len__(self): return self.n
+    def __len__(self):
+        return self.n
 
     def _expected(self, i):
         "The value the last run gives index `i`."
@@ -96,8 +123,9 @@ class RunColumn(Sequence):
 
     def append(self, value):
         i = self.n
-        if self.starts and value == self._expected(i): pass  # the run goes on
-        elif (self.integer and self.starts and self.periods[-1] == 0 and value == self.firsts[-1] + 1):
+        if self.starts and value == self._expected(i):
+            pass  # the run goes on
+        elif self.integer and self.starts and self.periods[-1] == 0 and value == self.firsts[-1] + 1:
             self.periods[-1] = i - self.starts[-1]  # a constant run turns out to grow by 1 every that many values
         else:
             self.starts.append(i)
@@ -116,7 +144,8 @@ class RunColumn(Sequence):
                 differs = np.flatnonzero(values != expected)
                 goes_on = len(values) if not len(differs) else int(differs[0])
                 self.n, values = self.n + goes_on, values[goes_on:]
-                if not len(values): return
+                if not len(values):
+                    return
                 if self.integer and period == 0 and values[0] == first + 1:  # may turn the run into one that grows
                     self.append(int(values[0]))
                     values = values[1:]
@@ -127,7 +156,9 @@ class RunColumn(Sequence):
         "Append `values` (none continues the last run) as runs: constant ones, then, for integers, ones growing by 1."
         starts = np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
         firsts, lengths, periods = values[starts], np.diff(np.r_[starts, len(values)]), np.zeros(len(starts), np.int64)
-        if self.integer and len(starts) > 1:  # a run goes on while the next is one higher and as long as the ones before
+        if (
+            self.integer and len(starts) > 1
+        ):  # a run goes on while the next is one higher and as long as the ones before
             goes_on = np.r_[False, (firsts[1:] == firsts[:-1] + 1) & (lengths[1:] == lengths[:-1])]
             keep = ~goes_on
             periods = np.where(np.r_[goes_on[1:], False], lengths, 0)[keep]
@@ -144,36 +175,52 @@ class RunColumn(Sequence):
         return values.astype(np.int64 if self.integer else np.float64)
 
     def _slice(self, start, stop):
-        if stop <= start: return []
+        if stop <= start:
+            return []
         ends = [*self.starts[1:], self.n]
         runs = range(bisect.bisect_right(self.starts, start) - 1, bisect.bisect_right(self.starts, stop - 1))
-        return np.concatenate([self._run_values(r, max(start, self.starts[r]), min(stop, ends[r])) for r in runs]).tolist()
+        return np.concatenate(
+            [self._run_values(r, max(start, self.starts[r]), min(stop, ends[r])) for r in runs]
+        ).tolist()
 
-    def tolist(self): return self._slice(0, self.n)
-    def __iter__(self): return iter(self.tolist())
-    def __eq__(self, other): return isinstance(other, Sequence) and len(self) == len(other) and self.tolist() == list(other)
+    def tolist(self):
+        return self._slice(0, self.n)
+
+    def __iter__(self):
+        return iter(self.tolist())
+
+    def __eq__(self, other):
+        return isinstance(other, Sequence) and len(self) == len(other) and self.tolist() == list(other)
 
     def __repr__(self):
-        return f'RunColumn({self.tolist()!r})' if self.n <= 10 else f'RunColumn(<{self.n} values in {len(self.starts)} runs>)'
+        return (
+            f'RunColumn({self.tolist()!r})'
+            if self.n <= 10
+            else f'RunColumn(<{self.n} values in {len(self.starts)} runs>)'
+        )
 
     def __getitem__(self, i):
         if isinstance(i, slice):
             start, stop, step = i.indices(self.n)
             return self._slice(start, stop) if step == 1 else self.tolist()[i]
-        if i < 0: i += self.n
-        if not 0 <= i < self.n: raise IndexError(f'index {i} is out of a column of {self.n} values')
+        if i < 0:
+            i += self.n
+        if not 0 <= i < self.n:
+            raise IndexError(f'index {i} is out of a column of {self.n} values')
         return self._run_values(bisect.bisect_right(self.starts, i) - 1, i, i + 1).tolist()[0]
 
     def truncate(self, n):
         "Keep the first `n` values."
         keep = bisect.bisect_left(self.starts, n)  # the runs that start before n
-        for a in (self.starts, self.firsts, self.periods): del a[keep:]
+        for a in (self.starts, self.firsts, self.periods):
+            del a[keep:]
         self.n = min(self.n, n)
 
 # %% ../nbs/00d_recorder.ipynb #14db10cf
 def smoothing_beta(n_steps, share=0.01, most=50, least=1):
     "β of a moving average whose window is `share` of a curve `n_steps` long, from `least` steps (1: β = 0, no smoothing) to `most`."
     return 1 - 1 / min(max(least, share * (n_steps or 0)), most)
+
 
 def smooth(values, beta, state=(0.0, 0.0), curve=True):
     """Debiased exponential moving average of `values`, continued from `state` = (average, weight): (the smoothed
@@ -182,17 +229,24 @@ def smooth(values, beta, state=(0.0, 0.0), curve=True):
     for v in values:
         average = beta * average + rest * v
         weight = beta * weight + rest  # the weights' sum: dividing by it debiases, even if β changed on the way
-        if curve: out.append(average / weight)
+        if curve:
+            out.append(average / weight)
     return out, (average, weight)
+
 
 def _number(value):
     "A history value that JSON does not know: a one-element tensor or numpy number, as its number."
-    if hasattr(value, 'item') and getattr(value, 'ndim', 0) == 0: return value.item()
-    raise TypeError(f'a history row holds {value!r} ({type(value).__name__}), which a checkpoint cannot store: '
-                    'rows hold numbers, strings and lists of them')
+    if hasattr(value, 'item') and getattr(value, 'ndim', 0) == 0:
+        return value.item()
+    raise TypeError(
+        f'a history row holds {value!r} ({type(value).__name__}), which a checkpoint cannot store: '
+        'rows hold numbers, strings and lists of them'
+    )
+
 
 class Recorder(Callback):
     "Keeps the loss of every training batch and one history row per evaluation, with no sync per step."
+
     order = Order.RECORD
     run_valid = False  # it records training losses; validation's are in learn.metric_values
     flush_every = 256
@@ -209,6 +263,7 @@ class Recorder(Callback):
         self._queue, self.since_row = [], [0.0, 0]  # since_row: the training loss's sum and examples since the last row
         self.nonfinite = None  # under DDP, the non-finite loss error a rank found, until all ranks stop together
         self._resumed = {}  # from a checkpoint: the fit's time so far, and the last step's clipped grad_norm
+        self.fresh_within, self._read_at = None, 0.0  # keep_fresh's seconds (None: by count alone), the last reading
 
     def _column(self, name, restored=None):
         "Rows appended as they come: the loss in float32 (as read from the device); epoch, batch, step and lr as runs."
@@ -218,28 +273,43 @@ class Recorder(Callback):
 
     def before_fit(self):  # a resumed fit's rows go on counting its time from where the checkpoint was
         self._start, self._held = clock.now() - self._resumed.pop('time', 0.0), 0.0
+        self.fresh_within = None  # the displays of this fit ask again, in their before_fit
         if self.smoothing is None:  # the curve's length at the end of this fit
             self.beta = smoothing_beta(self.learn.fit_start[1] + (self.learn.n_steps or 0))
+
+    def keep_fresh(self, seconds):
+        "Also read the queue at the first batch `seconds` after the last reading: what displays of `smooth_loss` ask"
+        self.fresh_within = seconds if self.fresh_within is None else min(self.fresh_within, seconds)
 
     @contextlib.contextmanager
     def held(self):
         "Time spent in this block (a paused fit) is not training time: the rows' `time` leaves it out."
         start = clock.now()
-        try: yield
-        finally: self._held += clock.now() - start
+        try:
+            yield
+        finally:
+            self._held += clock.now() - start
 
     def after_loss(self):
         learn = self.learn
         progress = learn.progress
-        self._queue.append((learn.loss.detach(), learn.bs, progress.epoch, learn.iter, progress.step, learn.opt.param_groups[-1]['lr']))
-        if len(self._queue) >= self.flush_every: self.flush()
-        if self.train_metrics: learn.update_metrics(self.train_metrics)  # on the device, as in validation: no sync
+        self._queue.append(
+            (learn.loss.detach(), learn.bs, progress.epoch, learn.iter, progress.step, learn.opt.param_groups[-1]['lr'])
+        )
+        fresh = self.fresh_within
+        if len(self._queue) >= self.flush_every or (fresh is not None and clock.now() - self._read_at >= fresh):
+            self.flush()
+        if self.train_metrics:
+            learn.update_metrics(self.train_metrics)  # on the device, as in validation: no sync
 
-    def after_train(self): self.flush()
+    def after_train(self):
+        self.flush()
 
     def flush(self):
         "Read the queued losses to the host (one sync) and check them."
-        if not self._queue: return
+        self._read_at = clock.now()
+        if not self._queue:
+            return
         queue, self._queue = self._queue, []
         losses, sizes, epochs, batches, steps, lrs = zip(*queue)  # columns
         values = torch.stack(losses).float().tolist()
@@ -256,10 +326,13 @@ class Recorder(Callback):
             for column, values_of in zip(self.columns, (epochs, batches, steps, lrs, values)):
                 self.batches[column].extend(values_of[:good])
         if bad is not None:
-            error = NonFiniteLossError(f'the training loss became {values[bad]} at epoch {epochs[bad]}, '
-                                       f'step {steps[bad]}: training stopped. Try a lower lr, check the inputs, '
-                                       'or pass skip_nonfinite=True to skip such batches.')
-            if not self.learn.distributed: raise error
+            error = NonFiniteLossError(
+                f'the training loss became {values[bad]} at epoch {epochs[bad]}, '
+                f'step {steps[bad]}: training stopped. Try a lower lr, check the inputs, '
+                'or pass skip_nonfinite=True to skip such batches.'
+            )
+            if not self.learn.distributed:
+                raise error
             self.nonfinite = self.nonfinite or error  # distributed: every rank raises it at the same batch
 
     @property
@@ -269,8 +342,7 @@ class Recorder(Callback):
 
     @property
     def smooth_loss(self):
-        "The debiased moving average of the training loss (reads the queue: a host sync)."
-        self.flush()
+        "The debiased moving average of the training loss, as of the queue's last reading (reading it reads nothing)."
         average, weight = self._smooth
         return average / weight if weight else math.nan
 
@@ -280,61 +352,87 @@ class Recorder(Callback):
         (total, n), self.since_row = self.since_row, [0.0, 0]
         learn = self.learn
         train = {'train_' + metric_name(m): computed(m) for m in self.train_metrics}
-        for m in self.train_metrics: m.reset()
-        row = {'epoch': learn.epoch, 'step': learn.step, 'train_loss': total / n if n else math.nan, **train,
-               **learn.metric_values, 'lr': learn.opt.param_groups[-1]['lr']}  # the base lr: the last group's
+        for m in self.train_metrics:
+            m.reset()
+        row = {
+            'epoch': learn.epoch,
+            'step': learn.step,
+            'train_loss': total / n if n else math.nan,
+            **train,
+            **learn.metric_values,
+            'lr': learn.opt.param_groups[-1]['lr'],
+        }  # the base lr: the last group's
         lrs = [g['lr'] for g in learn.opt.param_groups]
-        if len(set(lrs)) > 1: row['lrs'] = lrs  # each group's, where they differ
+        if len(set(lrs)) > 1:
+            row['lrs'] = lrs  # each group's, where they differ
         resumed = self._resumed.pop('grad_norm', None)  # the step before a resume, when no step of this fit set one
         grad_norm = learn.grad_norm if learn.grad_norm is not None else resumed
-        if grad_norm is not None: row['grad_norm'] = float(grad_norm)  # clipping's, read once per row; a resumed run's saved
-        if learn.precision.scaler is not None: row['skipped_steps'] = learn.skipped_steps  # fp16's, read once per row
+        if grad_norm is not None:
+            row['grad_norm'] = float(grad_norm)  # clipping's, read once per row; a resumed run's saved
+        if learn.precision.scaler is not None:
+            row['skipped_steps'] = learn.skipped_steps  # fp16's, read once per row
         row['time'] = self._elapsed()
         self.history.append(row)
         return row
 
-    def _elapsed(self): return clock.now() - self._start - self._held
+    def _elapsed(self):
+        return clock.now() - self._start - self._held
 
     def state_dict(self):
         self.flush()
         # JSON text: a checkpoint's weights-only unpickler takes ~20 µs a row of Python objects, one parse takes ~1
-        return {'history': json.dumps(self.history, default=_number), 'n_batches': len(self.batches['loss']),
-                'smooth': list(self._smooth), 'beta': self.beta, 'since_row': list(self.since_row),
-                'train_metrics': [[getattr(o, n) for o, n in state_leaves(m, saved=True)] for m in self.train_metrics],
-                **self._fit_state()}
+        return {
+            'history': json.dumps(self.history, default=_number),
+            'n_batches': len(self.batches['loss']),
+            'smooth': list(self._smooth),
+            'beta': self.beta,
+            'since_row': list(self.since_row),
+            'train_metrics': [[getattr(o, n) for o, n in state_leaves(m, saved=True)] for m in self.train_metrics],
+            **self._fit_state(),
+        }
 
     def _fit_state(self):
         "What a fit under way carries past a resume: its time so far, and the last step's clipped norm (one read per save)."
         learn = self.learn
-        if learn is None or not learn.fitting: return {}
+        if learn is None or not learn.fitting:
+            return {}
         return {'time': self._elapsed(), 'grad_norm': None if learn.grad_norm is None else float(learn.grad_norm)}
 
     def check_state(self, state):
-        if not (isinstance(state['n_batches'], int) and state['n_batches'] >= 0 and isinstance(state['since_row'], list)):
+        if not (
+            isinstance(state['n_batches'], int) and state['n_batches'] >= 0 and isinstance(state['since_row'], list)
+        ):
             raise ValueError(f"its Recorder state counts {state['n_batches']!r} batches")
 
     def load_state_dict(self, state):
         history = state['history']  # JSON text, or (earlier checkpoints) the rows themselves
         self.history = json.loads(history) if isinstance(history, str) else [dict(r) for r in history]
-        for column in self.batches.values(): column.truncate(state['n_batches'])  # the rows are restored with `restore_batches`
+        for column in self.batches.values():
+            column.truncate(state['n_batches'])  # the rows are restored with `restore_batches`
         self._queue = []
-        if 'smooth' in state: self._smooth, self.beta = tuple(state['smooth']), state['beta']
-        else: self._smooth, self.beta = (state['ema'], 1 - 0.98 ** state['n_seen']), 0.98  # an older checkpoint's
+        if 'smooth' in state:
+            self._smooth, self.beta = tuple(state['smooth']), state['beta']
+        else:
+            self._smooth, self.beta = (state['ema'], 1 - 0.98 ** state['n_seen']), 0.98  # an older checkpoint's
         self.since_row = list(state['since_row'])
         self._resumed = {k: state[k] for k in ('time', 'grad_norm') if state.get(k) is not None}
         for m, values in zip(self.train_metrics, state.get('train_metrics', ())):  # mid-interval: exact resume
-            for (owner, name), value in zip(state_leaves(m, saved=True), values): setattr(owner, name, value)
+            for (owner, name), value in zip(state_leaves(m, saved=True), values):
+                setattr(owner, name, value)
 
     def clear_since_row(self):
         "Forget the training loss and metrics since the last row (under DDP, a rank whose share is held by rank 0)."
         self.since_row = [0.0, 0]
-        for m in self.train_metrics: m.reset()
+        for m in self.train_metrics:
+            m.reset()
 
     def batch_rows(self, start=0, stop=None):
         "Rows `start:stop` of the per-batch columns as a float64 array (epoch, batch, step, lr, loss): for saving them."
         self.flush()
         stop = len(self.batches['loss']) if stop is None else stop
-        return np.array([self.batches[c][start:stop] for c in self.columns], dtype=np.float64).T.reshape(-1, len(self.columns))
+        return np.array([self.batches[c][start:stop] for c in self.columns], dtype=np.float64).T.reshape(
+            -1, len(self.columns)
+        )
 
     def restore_batches(self, rows, verify=None):
         """Put back per-batch columns saved with `batch_rows`: a float64 array with one row per training batch, or a
@@ -344,7 +442,8 @@ class Recorder(Callback):
         mapped = isinstance(rows, np.memmap)
         for i, c in enumerate(self.columns):
             self.batches[c] = self._column(c, rows[:, i] if mapped else None)  # a map: views, nothing read
-            if not mapped: self.batches[c].extend(rows[:, i])  # rows in memory: made compact (float32 loss, runs)
+            if not mapped:
+                self.batches[c].extend(rows[:, i])  # rows in memory: made compact (float32 loss, runs)
 
     def batch_count(self):
         "How many per-batch rows there are, once restored rows have had their check (a damaged side file's are dropped)."
@@ -354,41 +453,56 @@ class Recorder(Callback):
 
     def _check_restored(self):
         verify, self._verify = self._verify, None
-        if verify is None or verify(): return
+        if verify is None or verify():
+            return
         for column in self.batches.values():
-            if isinstance(column, Column): column.restored = column.restored[:0]
+            if isinstance(column, Column):
+                column.restored = column.restored[:0]
 
     def to_csv(self, path):
         "Write `history` as a CSV file, one row per evaluation."
         import csv
+
         columns = list(dict.fromkeys(k for row in self.history for k in row))
         with open(path, 'w', newline='') as f:
             writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()
             writer.writerows(self.history)
 
+
 def monitored_value(row, monitor):
     "`row[monitor]`; in a subset evaluation's row, the subset's value (`subset_valid_loss` for 'valid_loss'); None if absent."
-    if monitor in row: return row[monitor]
+    if monitor in row:
+        return row[monitor]
     return row.get('subset_' + monitor)
+
 
 def check_monitor(learn, who, monitor):
     "Before the first step: the column `who` monitors, which the fit's evaluations must write; None: `valid_loss`, or `train_loss` in a fit without validation data."
     columns = learn.evaluation_columns()
-    if monitor is None: return 'valid_loss' if 'valid_loss' in columns else 'train_loss'
-    if monitor in columns: return monitor
-    why = (' (this fit has no validation data, so no valid_ or validation metric columns: pass valid_dl= to the Learner)'
-           if learn.valid_dl is None and (monitor.startswith('valid_') or monitor in learn.validation_names()) else '')
-    raise ValueError(f"{who} monitors {monitor!r}, but this fit's evaluations will write only {sorted(columns)}{why}: "
-                     'monitor one of those')
+    if monitor is None:
+        return 'valid_loss' if 'valid_loss' in columns else 'train_loss'
+    if monitor in columns:
+        return monitor
+    why = (
+        ' (this fit has no validation data, so no valid_ or validation metric columns: pass valid_dl= to the Learner)'
+        if learn.valid_dl is None and (monitor.startswith('valid_') or monitor in learn.validation_names())
+        else ''
+    )
+    raise ValueError(
+        f"{who} monitors {monitor!r}, but this fit's evaluations will write only {sorted(columns)}{why}: "
+        'monitor one of those'
+    )
 
 # %% ../nbs/00d_recorder.ipynb #c4933613
 class SkipNonFinite(Callback):
     "Skip training batches whose loss is NaN or inf (syncs once per step: opt-in)."
+
     order = Order.INPUT  # before the Recorder queues the loss
     run_valid = False
 
-    def __init__(self): self.skipped = 0
+    def __init__(self):
+        self.skipped = 0
 
     def after_loss(self):
         if not self._finite(self.learn.loss.detach()):

@@ -21,29 +21,43 @@ LEGEND_POINTS = 9  # 10 CSS px at 80 CSS px an inch
 
 THEMES = {
     'light': {'figure.facecolor': 'white', 'axes.facecolor': 'white', 'savefig.facecolor': 'white'},
-    'dark': {'figure.facecolor': '#111111', 'axes.facecolor': '#111111', 'savefig.facecolor': '#111111',  # JupyterLab Dark
-             'text.color': '#dcdcdc', 'axes.labelcolor': '#dcdcdc', 'xtick.color': '#dcdcdc', 'ytick.color': '#dcdcdc',
-             'axes.edgecolor': '#8a8a8a'},
+    'dark': {
+        'figure.facecolor': '#111111',
+        'axes.facecolor': '#111111',
+        'savefig.facecolor': '#111111',  # JupyterLab Dark
+        'text.color': '#dcdcdc',
+        'axes.labelcolor': '#dcdcdc',
+        'xtick.color': '#dcdcdc',
+        'ytick.color': '#dcdcdc',
+        'axes.edgecolor': '#8a8a8a',
+    },
 }
+
 
 def figure(theme='light', size=FIGURE_SIZE):
     "A bare matplotlib `Figure` of `size` inches (shown at 80 CSS px an inch, drawn at 2x), in `theme`'s colours."
     import matplotlib
     from matplotlib.figure import Figure  # a bare Figure needs no GUI backend: safe in scripts and servers
-    if theme not in THEMES: raise ValueError(f"theme must be 'light' or 'dark', got {theme!r}")
+
+    if theme not in THEMES:
+        raise ValueError(f"theme must be 'light' or 'dark', got {theme!r}")
     with matplotlib.rc_context(THEMES[theme]):
         fig = Figure(figsize=size, dpi=DISPLAY_DPI * PIXEL_RATIO)  # no constrained layout: it doubles the render time
     fig.theme = theme  # the colours of the artists drawn into it later
     return fig
 
+
 def theme_context(fig):
     "A context in which new artists of `fig` take its theme's colours."
     import matplotlib
+
     return matplotlib.rc_context(THEMES[getattr(fig, 'theme', 'light')])
+
 
 def display_size(fig):
     "(width, height) of `fig` in CSS pixels: 80 per inch, whatever its dpi."
     return round(fig.get_figwidth() * DISPLAY_DPI), round(fig.get_figheight() * DISPLAY_DPI)
+
 
 def figure_png(fig, dpi=None, fast=False):
     "`fig` as PNG bytes at `dpi` (the figure's own: 2x its display size). `fast` compresses less: live frames are soon replaced."
@@ -55,11 +69,14 @@ def figure_png(fig, dpi=None, fast=False):
 NOT_METRICS = ('epoch', 'step', 'train_loss', 'valid_loss', 'subset_valid_loss', 'lr', 'lrs', 'grad_norm', 'time')
 _METRIC_COLORS = ('tab:green', 'tab:red', 'tab:purple', 'tab:brown', 'tab:pink', 'tab:olive', 'tab:cyan', 'tab:gray')
 
+
 def thin(xs, ys, max_points=1000):
     "At most about `max_points` points: each bin's lowest and highest value, so the noise band keeps its width."
     import numpy as np
+
     n = len(ys)
-    if n <= max_points: return xs, ys
+    if n <= max_points:
+        return xs, ys
     ys, size = np.asarray(ys, dtype=float), math.ceil(2 * n / max_points)
     bins = -(-n // size)
     padded = np.full(bins * size, np.nan)
@@ -69,12 +86,15 @@ def thin(xs, ys, max_points=1000):
     keep = np.unique(np.concatenate([starts + np.nanargmin(blocks, 1), starts + np.nanargmax(blocks, 1)]))
     return np.asarray(xs)[keep], ys[keep]
 
+
 def every_kth(xs, ys, max_points=1000):
     "About `max_points` evenly spaced points of a smooth curve, the last always among them: (xs, ys) as lists."
-    if not len(ys): return [], []
+    if not len(ys):
+        return [], []
     keep = range(0, len(ys), max(1, len(ys) // max_points))
     keep = [*keep, len(ys) - 1] if keep[-1] != len(ys) - 1 else keep
     return [xs[i] for i in keep], [ys[i] for i in keep]
+
 
 def valid_points(rows):
     "The validation loss of each history row that has one (a subset's, in `eval_subset` fits): (steps, values)."
@@ -82,9 +102,11 @@ def valid_points(rows):
     found = [(s, v) for s, v in found if isinstance(v, (int, float)) and math.isfinite(v)]
     return [s for s, _ in found], [v for _, v in found]
 
+
 def metric_names(rows, metrics=()):
     "The metric columns to draw: `metrics` (laid out before any row has them), then those of the first row."
     return list(dict.fromkeys([*metrics, *(k for k in (rows[0] if rows else {}) if k not in NOT_METRICS)]))
+
 
 def _history_axes(fig, names, parent=False):
     "Lay out the axes, empty lines and legend once; later calls only update the lines' data (new axes and ticks are slow)."
@@ -95,29 +117,42 @@ def _history_axes(fig, names, parent=False):
         if parent:  # the run a branch was forked from: its curves faint, behind the branch's own
             lines['parent_smooth'] = ax.plot([], [], color='tab:gray', alpha=0.5, lw=1.2, label='parent run')[0]
             lines['parent_valid'] = ax.plot([], [], 'o-', color='tab:gray', alpha=0.35, ms=3, lw=0.8)[0]
-        lines |= {'raw': ax.plot([], [], color='tab:blue', alpha=0.3, lw=0.8)[0],  # every batch, faint, behind
-                  'smooth': ax.plot([], [], color='tab:blue', label='train loss (smoothed)')[0],
-                  'valid_loss': ax.plot([], [], 'o-', color='tab:orange', ms=4, label='valid loss')[0]}
+        lines |= {
+            'raw': ax.plot([], [], color='tab:blue', alpha=0.3, lw=0.8)[0],  # every batch, faint, behind
+            'smooth': ax.plot([], [], color='tab:blue', label='train loss (smoothed)')[0],
+            'valid_loss': ax.plot([], [], 'o-', color='tab:orange', ms=4, label='valid loss')[0],
+        }
         ax.set_xlabel('step')
         ax.set_ylabel('loss')
         if names:
             ax2 = ax.twinx()
             for i, name in enumerate(names):
-                lines[name] = ax2.plot([], [], 's--', color=_METRIC_COLORS[i % len(_METRIC_COLORS)], ms=4, label=name)[0]
+                lines[name] = ax2.plot([], [], 's--', color=_METRIC_COLORS[i % len(_METRIC_COLORS)], ms=4, label=name)[
+                    0
+                ]
             ax2.set_ylabel('metric')
         labelled = [line for line in lines.values() if not line.get_label().startswith('_')]
         # above the axes, where no curve can pass under it (the live plot draws curves over a saved background)
-        fig.legend(labelled, [line.get_label() for line in labelled], loc='upper center', ncol=min(len(labelled), 4),
-                   fontsize=LEGEND_POINTS, frameon=False)
+        fig.legend(
+            labelled,
+            [line.get_label() for line in labelled],
+            loc='upper center',
+            ncol=min(len(labelled), 4),
+            fontsize=LEGEND_POINTS,
+            frameon=False,
+        )
     fig.subplots_adjust(left=0.1, right=0.89, bottom=0.15, top=0.85)  # room for the legend and both y labels
     fig._history_layout = ((tuple(names), parent), lines)
     return lines
+
 
 def _least_span(ax, share=0.05):
     "A linear axis spans at least `share` of its values' size: one point of 0.832 gets 0.81-0.85, not 0.831-0.833."
     lo, hi = ax.get_ylim()
     least = share * max(abs(lo), abs(hi), 1e-3)
-    if ax.get_yscale() == 'linear' and hi - lo < least: ax.set_ylim((lo + hi - least) / 2, (lo + hi + least) / 2)
+    if ax.get_yscale() == 'linear' and hi - lo < least:
+        ax.set_ylim((lo + hi - least) / 2, (lo + hi + least) / 2)
+
 
 def draw_history(fig, steps, losses, smoothed, rows, metrics=(), parent=None):
     """Draw a fit's loss and metric curves into `fig`: each batch's loss at its step (faint), the smoothed losses, the
@@ -133,8 +168,10 @@ def draw_history(fig, steps, losses, smoothed, rows, metrics=(), parent=None):
     lines['raw'].set_data(*thin(steps, losses))  # thinned: long runs draw fast
     lines['smooth'].set_data(*every_kth(steps, smoothed))
     lines['valid_loss'].set_data(*valid_points(rows))
-    for name in names: lines[name].set_data([r['step'] for r in rows], [r.get(name, math.nan) for r in rows])
-    for ax in fig.axes: ax.relim()
+    for name in names:
+        lines[name].set_data([r['step'] for r in rows], [r.get(name, math.nan) for r in rows])
+    for ax in fig.axes:
+        ax.relim()
     lo, hi = fig.axes[0].dataLim.intervaly
     fig.axes[0].set_yscale('log' if 0 < lo and hi >= 100 * lo else 'linear')  # losses over two decades: each readable
     for ax in fig.axes:
@@ -146,8 +183,10 @@ def draw_history(fig, steps, losses, smoothed, rows, metrics=(), parent=None):
 class Frames:
     """PNG frames of a figure whose lines change, drawn in layers: what changes with the y ranges (the legend, the y
     ticks and labels, the frame) only when they change, the x axis only when the x range changes, the lines always."""
+
     def __init__(self, fig):
         from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: no matplotlib until a frame is drawn
+
         self.fig, self.canvas = fig, FigureCanvasAgg(fig)
         self.static = self.background = self.static_key = self.x_key = self.legend = None
         self.full_draws = self.x_draws = 0
@@ -161,47 +200,60 @@ class Frames:
             xaxes = [ax.xaxis for ax in fig.axes]
             legend = fig.legends[0] if fig.legends else None
             kept = self.legend is not None and self.legend[0] is legend  # the same legend: its pixels, not its layout
-            for artist in (*lines, *xaxes, *([legend] if kept else [])): artist.set_animated(True)
+            for artist in (*lines, *xaxes, *([legend] if kept else [])):
+                artist.set_animated(True)
             canvas.draw()
-            for artist in (*xaxes, *([legend] if kept else [])): artist.set_animated(False)
-            if kept: canvas.restore_region(self.legend[1])
-            elif legend is not None: self.legend = legend, canvas.copy_from_bbox(legend.get_window_extent())
+            for artist in (*xaxes, *([legend] if kept else [])):
+                artist.set_animated(False)
+            if kept:
+                canvas.restore_region(self.legend[1])
+            elif legend is not None:
+                self.legend = legend, canvas.copy_from_bbox(legend.get_window_extent())
             self.static, self.static_key, self.x_key = canvas.copy_from_bbox(fig.bbox), static_key, None
             self.full_draws += 1
         if x_key != self.x_key:  # the x axes over that: the background the lines are drawn on
             canvas.restore_region(self.static)
             for ax in fig.axes:
-                if ax.xaxis.get_visible(): ax.draw_artist(ax.xaxis)
+                if ax.xaxis.get_visible():
+                    ax.draw_artist(ax.xaxis)
             self.background, self.x_key = canvas.copy_from_bbox(fig.bbox), x_key
             self.x_draws += 1
-        else: canvas.restore_region(self.background)
+        else:
+            canvas.restore_region(self.background)
         for line in lines:
             line.axes.draw_artist(line)
             line.set_animated(False)  # `fig` itself stays a complete figure, e.g. for savefig
         return frame_png(canvas)
 
+
 def frame_png(canvas, compress_level=1):
     """What `canvas` shows, as a PNG of 256 colours: a plot's few flat colours and their anti-aliased edges look the
     same, encode in half the time and weigh a third. `compress_level`: zlib's, 1 (fast) to 9."""
     import PIL.Image
+
     buf = io.BytesIO()
     image = PIL.Image.frombuffer('RGBA', canvas.get_width_height(), canvas.buffer_rgba(), 'raw', 'RGBA', 0, 1)
     quantized = image.convert('RGB').quantize(256, method=PIL.Image.Quantize.FASTOCTREE)
     quantized.save(buf, format='png', compress_level=compress_level)
     return buf.getvalue()
 
+
 def figure_frame(fig):
     "`fig` drawn in full and encoded as a frame (`frame_png`, compressed well): what a fit's summary keeps of its figure."
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     canvas = FigureCanvasAgg(fig)
     canvas.draw()
     return frame_png(canvas, compress_level=9)
 
+
 def nice_limit(x):
     "The smallest of 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 (x 10^n) that is >= `x`: an axis end the data fills 3/4 or more of."
-    if x <= 0: return 1
+    if x <= 0:
+        return 1
     scale = 10 ** math.floor(math.log10(x))
     return next(m * scale for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10) if m * scale >= x * (1 - 1e-12))
+
 
 def _sticky(kept, lo, hi):
     "`kept` (a range) if [lo, hi] is inside it and fills half of it, else a new range with room around the data."
@@ -214,6 +266,7 @@ def _sticky(kept, lo, hi):
 class LiveFigure:
     """One fit's curves as the rendering process holds them (appended in pieces), drawn as live frames (axes that fit
     the data, limits that stay put, blitted layers) or as the final figure, as `recorder.plot()` draws it."""
+
     def __init__(self, theme='light', metrics=(), parent=None, x_max=None, figures=None):
         self.theme, self.metrics, self.parent, self.x_max = theme, list(metrics), parent, x_max
         self.steps, self.losses, self.smoothed, self.rows = array('q'), array('d'), array('d'), []
@@ -223,19 +276,27 @@ class LiveFigure:
     def add(self, steps=(), losses=(), smoothed=(), rows=()):
         "Append new batches (their steps, losses and smoothed losses) and new history rows."
         if not len(steps) == len(losses) == len(smoothed):
-            raise ValueError(f'{len(steps)} steps, {len(losses)} losses and {len(smoothed)} smoothed losses: '
-                             'one of each a batch')
-        self.steps.extend(steps); self.losses.extend(losses); self.smoothed.extend(smoothed); self.rows.extend(rows)
+            raise ValueError(
+                f'{len(steps)} steps, {len(losses)} losses and {len(smoothed)} smoothed losses: one of each a batch'
+            )
+        self.steps.extend(steps)
+        self.losses.extend(losses)
+        self.smoothed.extend(smoothed)
+        self.rows.extend(rows)
 
     @property
     def last_step(self):
         "The last step drawn: of the last batch, or of the last row; None with no data."
-        found = [s for s in (self.steps[-1] if self.steps else None, self.rows[-1]['step'] if self.rows else None)
-                 if s is not None]
+        found = [
+            s
+            for s in (self.steps[-1] if self.steps else None, self.rows[-1]['step'] if self.rows else None)
+            if s is not None
+        ]
         return max(found) if found else None
 
     def _draw(self, fig):
         import numpy as np
+
         steps = np.frombuffer(self.steps, dtype=np.int64)
         losses, smoothed = self.losses.tolist(), self.smoothed.tolist()
         return draw_history(fig, steps, losses, smoothed, self.rows, self.metrics, self.parent)
@@ -250,30 +311,36 @@ class LiveFigure:
         ax = fig.axes[0]
         last = ax.dataLim.x1  # -inf with no data yet
         ax.set_xlim(0, self.x_max if self.x_max is not None else nice_limit(last if math.isfinite(last) else 1))
-        for i, axis in enumerate(fig.axes): self._sticky_ylim(i, axis)
+        for i, axis in enumerate(fig.axes):
+            self._sticky_ylim(i, axis)
         return frames.png()
 
     def _sticky_ylim(self, i, ax):
         "Keep an axis's range while the data fits in it and fills half of it: unchanged limits make a frame cheap."
         lo, hi = ax.dataLim.intervaly  # the data's range (draw_history has just run relim)
-        if not (math.isfinite(lo) and math.isfinite(hi)): return ax.set_ylim(0, 1)  # no data yet: room for what comes
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return ax.set_ylim(0, 1)  # no data yet: room for what comes
         log = ax.get_yscale() == 'log'  # a loss over decades: the same rule on log10 of the values
-        if log: lo, hi = math.log10(lo), math.log10(hi)
+        if log:
+            lo, hi = math.log10(lo), math.log10(hi)
         kept = self.limits[i, log] = _sticky(self.limits.get((i, log)), lo, hi)  # apart: a loss axis may turn log
         ax.set_ylim(*((10 ** kept[0], 10 ** kept[1]) if log else kept))
 
     def final_png(self):
         "The final figure: a new one, drawn as `recorder.plot()` draws it (axes fitting the data), as a frame (`figure_frame`)."
         fig = self._draw(figure(self.theme))
-        if self.x_max is not None: fig.axes[0].set_xlim(0, self.x_max)
+        if self.x_max is not None:
+            fig.axes[0].set_xlim(0, self.x_max)
         return figure_frame(fig)
 
 # %% ../nbs/03a_render.ipynb #7701d37d
 _HEADER = struct.Struct('<II')  # the lengths of a message's JSON part and binary part
 
+
 def _plain(value):
     "A value JSON does not know, as JSON can hold it: a numpy or torch scalar's number, else its text."
     return value.item() if hasattr(value, 'item') and getattr(value, 'ndim', 0) == 0 else str(value)
+
 
 def write_message(stream, header, payload=b''):
     "Write one message: its JSON `header` (values JSON does not know as numbers or text) and binary `payload`, framed."
@@ -281,17 +348,24 @@ def write_message(stream, header, payload=b''):
     stream.write(_HEADER.pack(len(text), len(payload)) + text + payload)
     stream.flush()
 
+
 def read_message(stream):
     "Read one message: (header, payload); None at the end of the stream."
+
     def exactly(n):
         data = stream.read(n)
-        if n and len(data) < n: raise EOFError(f'the stream ended in a message ({len(data)} of {n} bytes)')
+        if n and len(data) < n:
+            raise EOFError(f'the stream ended in a message ({len(data)} of {n} bytes)')
         return data
+
     first = stream.read(_HEADER.size)
-    if not first: return None
-    if len(first) < _HEADER.size: raise EOFError('the stream ended in a message header')
+    if not first:
+        return None
+    if len(first) < _HEADER.size:
+        raise EOFError('the stream ended in a message header')
     n_text, n_payload = _HEADER.unpack(first)
     return json.loads(exactly(n_text)), exactly(n_payload)
+
 
 def pack_arrays(**columns):
     "Typed arrays as (their description, their bytes), for a request: steps as int64, values as float64."
@@ -299,17 +373,20 @@ def pack_arrays(**columns):
     payload = b''.join(array(code, values).tobytes() for _, code, values in found)
     return [[name, code, len(values)] for name, code, values in found], payload
 
+
 def unpack_arrays(description, payload):
     "The arrays `pack_arrays` packed, by name."
     out, at = {}, 0
     for name, code, n in description:
         values = array(code)
-        values.frombytes(payload[at:at + n * values.itemsize])
+        values.frombytes(payload[at : at + n * values.itemsize])
         out[name], at = values, at + n * values.itemsize
     return out
 
+
 class Drawer:
     "What the rendering process does: keep each job's `LiveFigure`, and answer each request with a reply and a PNG."
+
     max_jobs = 16
 
     def __init__(self):
@@ -322,16 +399,19 @@ class Drawer:
             if 'start' in request:
                 self.jobs.pop(job, None)  # started again (its sender lost track): the newest
                 self.jobs[job] = LiveFigure(**request['start'], figures=self.figures)
-                while len(self.jobs) > self.max_jobs: self.jobs.popitem(last=False)
+                while len(self.jobs) > self.max_jobs:
+                    self.jobs.popitem(last=False)
             live = self.jobs.get(job)
-            if live is None: return {**reply, 'unknown': True}, b''
+            if live is None:
+                return {**reply, 'unknown': True}, b''
             live.add(**unpack_arrays(request.get('arrays', ()), payload), rows=request.get('rows', ()))
             draw = request.get('draw')
             png = live.final_png() if draw == 'final' else live.live_png() if draw == 'live' else b''
             reply['step'] = live.last_step
         except Exception as e:  # one job's bad data or a failed draw: said in the reply, the process goes on
             png, reply['error'] = b'', f'{type(e).__name__}: {e}'
-        if request.get('end'): self.jobs.pop(job, None)
+        if request.get('end'):
+            self.jobs.pop(job, None)
         return reply, png
 
     def warm_up(self):
@@ -340,6 +420,7 @@ class Drawer:
         Frames(fig)
         fig.add_subplot().set_xlabel('step')
         fig.canvas.draw()
+
 
 def serve(stdin=None, stdout=None):
     "The rendering process's loop: answer each request from `stdin` on `stdout` until `stdin` ends (the kernel is gone)."
@@ -353,8 +434,10 @@ def serve(stdin=None, stdout=None):
 # %% ../nbs/03a_render.ipynb #8d7d26b3
 _BOOT = 'import runpy, sys; path, sys.path[:] = sys.argv[1], sys.argv[2:]; runpy.run_path(path)["serve"]()'
 
+
 class Renderer:
     "The kernel's side of the rendering process: `submit` requests from any thread, never waiting; callbacks get replies."
+
     _shared, _shared_lock = None, threading.Lock()
     max_failures = 3  # failed requests in a row after which no process is started any more: they fail at once
 
@@ -368,7 +451,8 @@ class Renderer:
     def shared(cls):
         "The kernel's renderer: one process for every live figure of this Python process, started once."
         with cls._shared_lock:  # a process forked from the kernel (a DDP rank) has no thread of it: it starts its own
-            if cls._shared is None or cls._shared.pid != os.getpid(): cls._shared = cls()
+            if cls._shared is None or cls._shared.pid != os.getpid():
+                cls._shared = cls()
             return cls._shared
 
     def start(self):
@@ -381,43 +465,64 @@ class Renderer:
 
     def submit(self, request, payload=b'', on_reply=None):
         "Send `request` (a dict: `Drawer.answer`) and its binary `payload`; `on_reply(reply, png)` gets the answer."
-        if not self.process: return self._reply(on_reply, *self.drawer.answer(request, payload))
+        if not self.process:
+            return self._reply(on_reply, *self.drawer.answer(request, payload))
         self.start()
         self.requests.put((request, payload, on_reply))
 
     def _reply(self, on_reply, reply, png):
-        if on_reply is None: return
-        try: on_reply(reply, png)
-        except Exception as e: print(f'nbtrainer: a frame could not be shown: {type(e).__name__}: {e}', file=sys.stderr)
+        if on_reply is None:
+            return
+        try:
+            on_reply(reply, png)
+        except Exception as e:
+            print(f'nbtrainer: a frame could not be shown: {type(e).__name__}: {e}', file=sys.stderr)
 
     def _spawn(self):
         "Start the rendering process: this file as a script, with the kernel's import path and nothing else."
         source = importlib.util.find_spec('nbtrainer.render').origin
         paths = [p for p in sys.path if p]
-        self.proc = subprocess.Popen([sys.executable, '-I', '-c', _BOOT, source, *paths], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            [sys.executable, '-I', '-c', _BOOT, source, *paths], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
         self.starts += 1
 
     def _serve_requests(self):
         """The thread: start the process, then write each request and read its reply, in order; restart the process if
         it died, but not after `max_failures` in a row (one that cannot start would be started again every second)."""
-        try: self._spawn()
-        except OSError as e: print(f'nbtrainer: the rendering process did not start: {e}', file=sys.stderr)
+        try:
+            self._spawn()
+        except OSError as e:
+            print(f'nbtrainer: the rendering process did not start: {e}', file=sys.stderr)
         while True:
             request, payload, on_reply = self.requests.get()
             reply = {'job': request['job'], 'id': request.get('id')}
             if self.failures >= self.max_failures:  # it cannot start: the request fails at once
-                self._reply(on_reply, {**reply, 'error': f'the rendering process failed {self.failures} times in a row: '
-                                                         'it is not started again'}, b'')
+                self._reply(
+                    on_reply,
+                    {
+                        **reply,
+                        'error': f'the rendering process failed {self.failures} times in a row: '
+                        'it is not started again',
+                    },
+                    b'',
+                )
                 continue
             try:
-                if self.proc is None or self.proc.poll() is not None: self._spawn()
+                if self.proc is None or self.proc.poll() is not None:
+                    self._spawn()
                 write_message(self.proc.stdin, request, payload)
                 message = read_message(self.proc.stdout)
-                if message is None: raise EOFError('the rendering process ended')
+                if message is None:
+                    raise EOFError('the rendering process ended')
                 (reply, png), self.failures = message, 0
-            except (OSError, EOFError, ValueError) as e:  # the process died or did not start: the next request starts one
-                if self.proc is not None: self.proc.kill()
+            except (
+                OSError,
+                EOFError,
+                ValueError,
+            ) as e:  # the process died or did not start: the next request starts one
+                if self.proc is not None:
+                    self.proc.kill()
                 self.proc, self.failures = None, self.failures + 1
                 reply, png = {**reply, 'error': f'the rendering process failed: {e}'}, b''
             self._reply(on_reply, reply, png)
@@ -425,4 +530,5 @@ class Renderer:
     def stop(self):
         "End the process (a new one starts at the next request)."
         proc = self.proc
-        if proc is not None: proc.kill()
+        if proc is not None:
+            proc.kill()

@@ -24,54 +24,90 @@ SIDE_FILE_NAME = re.compile(r'[A-Za-z0-9_][A-Za-z0-9_.-]*\.f64')  # `batches.f64
 SHARD_NAME = re.compile(r'__\d+_\d+\.distcp')  # what torch.distributed.checkpoint names a rank's shard file
 RUN_NAME = re.compile(r'[^./\\\x00][^/\\\x00]*')  # a logger's run folder: any one name, not hidden, not `..`
 
+
 def bare_name(name, pattern, source, field):
     "`name` if it is a bare file name matching `pattern`; else one error naming the file `source` and its `field`."
     if not (isinstance(name, str) and pattern.fullmatch(name) and name not in ('.', '..')):
-        raise ValueError(f'{source} is not a checkpoint nbtrainer wrote, or was altered: its {field} names {name!r}, '
-                         f'which is not a file name of the form {pattern.pattern!r} (a path outside the folder is never '
-                         'followed)')
+        raise ValueError(
+            f'{source} is not a checkpoint nbtrainer wrote, or was altered: its {field} names {name!r}, '
+            f'which is not a file name of the form {pattern.pattern!r} (a path outside the folder is never '
+            'followed)'
+        )
     return name
 
 # %% ../nbs/00h_runfiles.ipynb #0dcdb4c4
 def _unreadable(path, why):
-    return ValueError(f'{path} is not a readable checkpoint (truncated or corrupt?): {why}. resume=True skips it for '
-                      'the newest intact checkpoint')
+    return ValueError(
+        f'{path} is not a readable checkpoint (truncated or corrupt?): {why}. resume=True skips it for '
+        'the newest intact checkpoint'
+    )
+
 
 def verify_zip(path):
     "Check the CRC-32 of every record of a checkpoint file (a zip); one error naming the file and the record that fails."
     try:
-        with zipfile.ZipFile(path) as z: bad = z.testzip()
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError, NotImplementedError) as e:
-        raise _unreadable(path, f'{type(e).__name__}: {e}') from None  # a damaged end directory gives OSError or ValueError
+        raise _unreadable(
+            path, f'{type(e).__name__}: {e}'
+        ) from None  # a damaged end directory gives OSError or ValueError
     if bad is not None:
-        raise ValueError(f'{path} is corrupt: its record {bad!r} fails its CRC-32 checksum (a bad disk or a bad copy?). '
-                         'resume=True skips it for the newest intact checkpoint')
+        raise ValueError(
+            f'{path} is corrupt: its record {bad!r} fails its CRC-32 checksum (a bad disk or a bad copy?). '
+            'resume=True skips it for the newest intact checkpoint'
+        )
+
 
 def read_torch_file(path, map_location='cpu'):
     "The contents of a file `torch.save` wrote, read with `weights_only=True` after its checksums: one clear error otherwise."
     path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f'no checkpoint at {path}')
-    try: is_zip = zipfile.is_zipfile(path)
-    except zipfile.BadZipFile as e: raise _unreadable(path, f'BadZipFile: {e}') from None  # a damaged end directory
-    if is_zip: verify_zip(path)
-    try: return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e: raise _unreadable(path, f'{type(e).__name__}: {e}') from None
+    if not path.is_file():
+        raise FileNotFoundError(f'no checkpoint at {path}')
+    try:
+        is_zip = zipfile.is_zipfile(path)
+    except zipfile.BadZipFile as e:
+        raise _unreadable(path, f'BadZipFile: {e}') from None  # a damaged end directory
+    if is_zip:
+        verify_zip(path)
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:
+        raise _unreadable(path, f'{type(e).__name__}: {e}') from None
 
 # %% ../nbs/00h_runfiles.ipynb #ffe4033a
 _DCP = 'torch.distributed.checkpoint.'
 SAFE_GLOBALS = {  # (module, name) -> what DCP's metadata pickle may build
-    **{(_DCP + 'metadata', n): None for n in ('Metadata', 'MetadataIndex', 'StorageMeta', 'TensorProperties',
-                                              'TensorStorageMetadata', 'ChunkStorageMetadata', 'BytesStorageMetadata',
-                                              '_MEM_FORMAT_ENCODING')},
-    (_DCP + 'filesystem', '_StorageInfo'): None, ('torch', 'Size'): None, ('torch.serialization', '_get_layout'): None,
-    ('pathlib', 'PosixPath'): None, ('pathlib', 'WindowsPath'): None, ('pathlib', 'PurePosixPath'): None,
-    ('pathlib', 'PureWindowsPath'): None, ('collections', 'OrderedDict'): None,
+    **{
+        (_DCP + 'metadata', n): None
+        for n in (
+            'Metadata',
+            'MetadataIndex',
+            'StorageMeta',
+            'TensorProperties',
+            'TensorStorageMetadata',
+            'ChunkStorageMetadata',
+            'BytesStorageMetadata',
+            '_MEM_FORMAT_ENCODING',
+        )
+    },
+    (_DCP + 'filesystem', '_StorageInfo'): None,
+    ('torch', 'Size'): None,
+    ('torch.serialization', '_get_layout'): None,
+    ('pathlib', 'PosixPath'): None,
+    ('pathlib', 'WindowsPath'): None,
+    ('pathlib', 'PurePosixPath'): None,
+    ('pathlib', 'PureWindowsPath'): None,
+    ('collections', 'OrderedDict'): None,
 }
+
 
 class SafeUnpickler(pickle.Unpickler):
     "Unpickle DCP metadata: the classes in `SAFE_GLOBALS` and torch's dtypes, nothing else (no function, no module)."
+
     def find_class(self, module, name):
-        if module == 'torch' and isinstance(getattr(torch, name, None), torch.dtype): return getattr(torch, name)
+        if module == 'torch' and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
         if (module, name) not in SAFE_GLOBALS:
             raise pickle.UnpicklingError(f'{module}.{name} is not a class of checkpoint metadata')
         return super().find_class(module, name)
@@ -80,12 +116,23 @@ class SafeUnpickler(pickle.Unpickler):
 def _itemsize(dtype):
     return torch.empty((), dtype=dtype).element_size() if isinstance(dtype, torch.dtype) else None
 
+
 def _check_metadata(meta, folder):
     "The checks a crafted or damaged `.metadata` fails (see above), each naming the folder."
     from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, MetadataIndex, TensorStorageMetadata
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        TensorStorageMetadata,
+    )
+
     source = f'{folder}/.metadata'
-    if not isinstance(meta, Metadata) or not isinstance(meta.storage_data, dict) or not isinstance(meta.state_dict_metadata, dict):
+    if (
+        not isinstance(meta, Metadata)
+        or not isinstance(meta.storage_data, dict)
+        or not isinstance(meta.state_dict_metadata, dict)
+    ):
         raise ValueError(f'{source} is not the index of a sharded checkpoint')
     lengths = {}
     for index, info in meta.storage_data.items():
@@ -94,33 +141,46 @@ def _check_metadata(meta, folder):
         bare_name(info.relative_path, SHARD_NAME, source, 'shard file')
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (info.offset, info.length)):
             raise ValueError(f'{source} gives {index.fqn!r} an offset or length that is not a count of bytes')
-        if info.transform_descriptors: raise ValueError(f'{source} asks for storage transforms {info.transform_descriptors!r}, '
-                                                        'which nbtrainer never writes')
+        if info.transform_descriptors:
+            raise ValueError(
+                f'{source} asks for storage transforms {info.transform_descriptors!r}, which nbtrainer never writes'
+            )
         lengths[(index.fqn, tuple(index.offset or ()))] = info.length
     for fqn, item in meta.state_dict_metadata.items():
-        if isinstance(item, BytesStorageMetadata): continue
+        if isinstance(item, BytesStorageMetadata):
+            continue
         if not isinstance(item, TensorStorageMetadata) or _itemsize(getattr(item.properties, 'dtype', None)) is None:
             raise ValueError(f'{source} describes {fqn!r} as {type(item).__name__}, not a tensor or bytes')
         for chunk in item.chunks:  # a tensor no larger than the bytes stored for it (torch.save adds a header)
             stored = lengths.get((fqn, tuple(chunk.offsets)))
-            if stored is None or int(np.prod(chunk.sizes, dtype=np.float64)) * _itemsize(item.properties.dtype) > stored:
+            if (
+                stored is None
+                or int(np.prod(chunk.sizes, dtype=np.float64)) * _itemsize(item.properties.dtype) > stored
+            ):
                 raise ValueError(f'{source} describes a chunk of {fqn!r} larger than the bytes stored for it')
     return meta
+
 
 def read_shard_metadata(folder):
     "The checked DCP metadata of the sharded checkpoint `folder`, read with `SafeUnpickler`; shard files present and whole."
     folder = Path(folder)
     try:
-        with open(folder / '.metadata', 'rb') as f: meta = SafeUnpickler(f).load()
-    except FileNotFoundError: raise ValueError(f'{folder} is not a readable sharded checkpoint: it has no .metadata') from None
+        with open(folder / '.metadata', 'rb') as f:
+            meta = SafeUnpickler(f).load()
+    except FileNotFoundError:
+        raise ValueError(f'{folder} is not a readable sharded checkpoint: it has no .metadata') from None
     except Exception as e:
-        raise ValueError(f'{folder} is not a readable sharded checkpoint (its .metadata: {type(e).__name__}: {e})') from None
+        raise ValueError(
+            f'{folder} is not a readable sharded checkpoint (its .metadata: {type(e).__name__}: {e})'
+        ) from None
     _check_metadata(meta, folder)
     for info in meta.storage_data.values():
         shard = folder / info.relative_path
         if not shard.is_file() or shard.stat().st_size < info.offset + info.length:
-            raise ValueError(f'{folder} is incomplete: its shard file {info.relative_path} is missing or truncated '
-                             '(a bad copy?). resume=True skips it for the newest intact checkpoint')
+            raise ValueError(
+                f'{folder} is incomplete: its shard file {info.relative_path} is missing or truncated '
+                '(a bad copy?). resume=True skips it for the newest intact checkpoint'
+            )
     return meta
 
 # %% ../nbs/00h_runfiles.ipynb #0a44bfa3
@@ -140,45 +200,59 @@ def _dcp_classes():
 
         def read_metadata(self, *args, **kwargs):
             meta = self.checked
-            if getattr(meta, 'storage_meta', None) is None: meta.storage_meta = StorageMeta()
+            if getattr(meta, 'storage_meta', None) is None:
+                meta.storage_meta = StorageMeta()
             meta.storage_meta.load_id = self.load_id
             return meta
 
     def load_bytes(self, read_item, value):  # DCP's own reads them with torch.load(weights_only=False)
-        try: obj = torch.load(value, weights_only=True)
+        try:
+            obj = torch.load(value, weights_only=True)
         except Exception as e:
             raise ValueError(f'{read_item.dest_index.fqn!r} of a sharded checkpoint is not plain data: {e}') from None
-        if self.flatten_state_dict: set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-        else: self.state_dict[read_item.dest_index.fqn] = obj
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
 
-    planners = [type(f'Safe{base.__name__.lstrip("_")}', (base,), {'load_bytes': load_bytes})
-                for base in (DefaultLoadPlanner, _EmptyStateDictLoadPlanner)]
+    planners = [
+        type(f'Safe{base.__name__.lstrip("_")}', (base,), {'load_bytes': load_bytes})
+        for base in (DefaultLoadPlanner, _EmptyStateDictLoadPlanner)
+    ]
     return Reader, *planners
+
 
 def shard_reader(folder):
     "A DCP `FileSystemReader` of `folder` whose metadata is read by `read_shard_metadata`."
     return _dcp_classes()[0](folder)
 
+
 def shard_planner():
     "A DCP `DefaultLoadPlanner` that reads byte items with `weights_only=True`."
     return _dcp_classes()[1]()
+
 
 @contextmanager
 def shard_errors(folder):
     "DCP reports a failed load as a `CheckpointException` (not an `Exception`): one `ValueError` naming `folder` instead."
     from torch.distributed.checkpoint.api import CheckpointException
-    try: yield
+
+    try:
+        yield
     except CheckpointException as e:
         found = [exc for exc, _ in e.failures.values()]
         ours = next((exc for exc in found if isinstance(exc, ValueError)), None)
         why = str(ours) if ours is not None else '; '.join(f'{type(exc).__name__}: {exc}' for exc in found)
         raise ValueError(f'{folder} is not a readable sharded checkpoint: {why}') from None
 
+
 def read_shards(folder):
     "Every tensor and byte item of the sharded checkpoint `folder`, whole, in this one process (as `dcp_to_torch_save`)."
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
     state, reader = {}, shard_reader(folder)
-    with shard_errors(folder): _load_state_dict(state, storage_reader=reader, planner=_dcp_classes()[2](), no_dist=True)
+    with shard_errors(folder):
+        _load_state_dict(state, storage_reader=reader, planner=_dcp_classes()[2](), no_dist=True)
     return state
 
 # %% ../nbs/00h_runfiles.ipynb #6b19b1bf
@@ -186,9 +260,11 @@ def side_file(folder, name, source):
     "The side file `name` of a checkpoint (`source`) in `folder`: checked as a bare `*.f64` name first."
     return Path(folder) / bare_name(name, SIDE_FILE_NAME, source, 'per-batch side file')
 
+
 def read_rows(file, width, start, count):
     "Rows `start:start + count` of a side file of float64 rows of `width` values (fewer if the file is shorter)."
     return np.fromfile(file, dtype=np.float64, count=count * width, offset=start * width * 8).reshape(-1, width)
+
 
 def map_rows(file, width, count):
     "The first `count` rows of a side file, mapped read-only: nothing is read until they are."

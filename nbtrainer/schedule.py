@@ -22,45 +22,68 @@ _SHAPES = {
     'const': lambda start, end, t: start,
 }
 
+
 def _check_steps(steps):
-    if steps is None: return
-    if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1: return
-    if isinstance(steps, float) and 0 < steps < 1: return
-    raise ValueError(f'steps must be an int >= 1 (optimizer steps), a float between 0 and 1 (a fraction of the run) '
-                     f'or None (the rest of the run), got {steps!r}')
+    if steps is None:
+        return
+    if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1:
+        return
+    if isinstance(steps, float) and 0 < steps < 1:
+        return
+    raise ValueError(
+        f'steps must be an int >= 1 (optimizer steps), a float between 0 and 1 (a fraction of the run) '
+        f'or None (the rest of the run), got {steps!r}'
+    )
+
 
 class Segment:
     "One piece of a `Schedule`: `shape` from `start` to `end` over `steps` (None: the rest of the run)."
+
     def __init__(self, shape, start=None, end=None, steps=None):
-        if shape not in _SHAPES: raise ValueError(f'shape must be one of {", ".join(map(repr, _SHAPES))}, got {shape!r}')
-        start, end = (None if v is None else hyperparameter(name, v, positive=False) for name, v in (('start', start), ('end', end)))
+        if shape not in _SHAPES:
+            raise ValueError(f'shape must be one of {", ".join(map(repr, _SHAPES))}, got {shape!r}')
+        start, end = (
+            None if v is None else hyperparameter(name, v, positive=False)
+            for name, v in (('start', start), ('end', end))
+        )
         _check_steps(steps)
         if shape == 'const':
             if start is not None and end is not None and start != end:
                 raise ValueError(f"a 'const' segment has one value, got start={start!r} and end={end!r}")
             start = end = start if start is not None else end
-        elif end is None: raise ValueError(f"a {shape!r} segment needs end=")
-        if shape == 'exp' and start is not None: _check_exp(start, end)
+        elif end is None:
+            raise ValueError(f"a {shape!r} segment needs end=")
+        if shape == 'exp' and start is not None:
+            _check_exp(start, end)
         self.shape, self.start, self.end, self.steps = shape, start, end, steps
 
-    def __repr__(self): return f'Segment({self.shape!r}, start={self.start!r}, end={self.end!r}, steps={self.steps!r})'
+    def __repr__(self):
+        return f'Segment({self.shape!r}, start={self.start!r}, end={self.end!r}, steps={self.steps!r})'
+
 
 def _check_exp(start, end):
-    if not (start > 0 and end > 0): raise ValueError(f"an 'exp' segment needs start and end > 0, got {start!r} and {end!r}")
+    if not (start > 0 and end > 0):
+        raise ValueError(f"an 'exp' segment needs start and end > 0, got {start!r} and {end!r}")
 
 # %% ../nbs/12_schedule.ipynb #63fa6602
 class Schedule:
     "Chained `Segment`s: `schedule(step, total_steps)` is the value at optimizer step `step` of a run of `total_steps`."
+
     def __init__(self, *segments):
-        if not segments: raise ValueError('a Schedule needs at least one Segment')
+        if not segments:
+            raise ValueError('a Schedule needs at least one Segment')
         self.segments, prev = [], None
         for i, seg in enumerate(segments):
-            if not isinstance(seg, Segment): raise TypeError(f'Schedule takes Segments, got {type(seg).__name__} at position {i}')
+            if not isinstance(seg, Segment):
+                raise TypeError(f'Schedule takes Segments, got {type(seg).__name__} at position {i}')
             start = seg.start if seg.start is not None else prev
             if start is None:
-                raise ValueError("the first segment needs a start value (start=None means 'where the previous segment ended')")
+                raise ValueError(
+                    "the first segment needs a start value (start=None means 'where the previous segment ended')"
+                )
             end = start if seg.shape == 'const' else seg.end
-            if seg.shape == 'exp': _check_exp(start, end)
+            if seg.shape == 'exp':
+                _check_exp(start, end)
             self.segments.append(Segment(seg.shape, start, end, seg.steps))
             prev = end
         if sum(s.steps is None for s in self.segments) > 1:
@@ -68,23 +91,31 @@ class Schedule:
 
     def lengths(self, total_steps):
         "The number of steps of each segment in a run of `total_steps`."
-        if not (isinstance(total_steps, int) and total_steps >= 1): raise ValueError(f'total_steps must be an int >= 1, got {total_steps!r}')
-        fixed = [None if s.steps is None else s.steps if isinstance(s.steps, int) else max(1, round(s.steps * total_steps))
-                 for s in self.segments]
+        if not (isinstance(total_steps, int) and total_steps >= 1):
+            raise ValueError(f'total_steps must be an int >= 1, got {total_steps!r}')
+        fixed = [
+            None if s.steps is None else s.steps if isinstance(s.steps, int) else max(1, round(s.steps * total_steps))
+            for s in self.segments
+        ]
         used, rest = sum(n for n in fixed if n is not None), None in fixed
         if used > total_steps or (rest and used >= total_steps):
-            raise ValueError(f'the segments with steps= take {used} steps, but the run has only {total_steps}'
-                             + (', leaving none for the segment without steps' if rest else ''))
+            raise ValueError(
+                f'the segments with steps= take {used} steps, but the run has only {total_steps}'
+                + (', leaving none for the segment without steps' if rest else '')
+            )
         return [total_steps - used if n is None else n for n in fixed]
 
     def __call__(self, step, total_steps):
         lengths = self.lengths(total_steps)
         if not (isinstance(step, int) and 0 <= step < total_steps):
-            raise ValueError(f'step must be an int in 0..{total_steps - 1} for a run of {total_steps} steps, got {step!r}')
+            raise ValueError(
+                f'step must be an int in 0..{total_steps - 1} for a run of {total_steps} steps, got {step!r}'
+            )
         last = len(self.segments) - 1
         for i, (seg, n) in enumerate(zip(self.segments, lengths)):
             if step < n:
-                if i == last and step == n - 1: return seg.end  # the last segment reaches its end, exactly
+                if i == last and step == n - 1:
+                    return seg.end  # the last segment reaches its end, exactly
                 t = step / (n - 1) if i == last else step / n
                 return _SHAPES[seg.shape](seg.start, seg.end, t)
             step -= n
@@ -99,6 +130,7 @@ class Schedule:
         "A matplotlib `Figure` of the schedule over a run of `total_steps`: look before you train."
         from matplotlib.figure import Figure  # lazy, and a bare Figure needs no GUI backend
         from nbtrainer.plotting import show_figures_inline
+
         show_figures_inline()
         fig = Figure(figsize=(6, 3), layout='constrained')
         ax = fig.add_subplot()
@@ -107,40 +139,53 @@ class Schedule:
         ax.set_ylabel(ylabel)
         return fig
 
-    def __repr__(self): return f'Schedule({", ".join(map(repr, self.segments))})'
+    def __repr__(self):
+        return f'Schedule({", ".join(map(repr, self.segments))})'
 
 # %% ../nbs/12_schedule.ipynb #1aa2ae2b
 def _fit_total(learn):
     "The optimizer steps the current fit takes: `steps`, or epochs × steps per epoch under gradient accumulation."
     total = learn.n_steps
     if total is None:
-        raise ValueError('a schedule needs the length of the fit, but train_dl has no len(): '
-                         'use fit(steps=N), or give the loader a __len__')
+        raise ValueError(
+            'a schedule needs the length of the fit, but train_dl has no len(): '
+            'use fit(steps=N), or give the loader a __len__'
+        )
     return total
+
 
 def _group_key(name, group):
     "The param-group key a schedule name writes, or None if the group has none."
-    if name == 'momentum': return 'betas' if 'betas' in group else 'momentum' if 'momentum' in group else None
-    if name in ('beta1', 'beta2'): return 'betas' if 'betas' in group else None
+    if name == 'momentum':
+        return 'betas' if 'betas' in group else 'momentum' if 'momentum' in group else None
+    if name in ('beta1', 'beta2'):
+        return 'betas' if 'betas' in group else None
     return name if name in group else None
+
 
 def _set(group, name, value):
     key = _group_key(name, group)
     if key == 'betas':
         b1, b2 = group['betas']
         group['betas'] = (b1, value) if name == 'beta2' else (value, b2)
-    else: group[key] = value
+    else:
+        group[key] = value
+
 
 class ParamScheduler(Callback):
     "Set optimizer hyperparameters from `Schedule`s at each optimizer step; `lr` multiplies `learn.lr`."
+
     run_valid = False  # it sets the hyperparameters of training steps
 
     def __init__(self, **schedules):
-        if not schedules: raise ValueError('ParamScheduler needs at least one schedule, e.g. lr=Schedule(...)')
+        if not schedules:
+            raise ValueError('ParamScheduler needs at least one schedule, e.g. lr=Schedule(...)')
         self.schedules = {}
         for name, s in schedules.items():
-            if isinstance(s, Segment): s = Schedule(s)
-            if not isinstance(s, Schedule): raise TypeError(f'{name}= must be a Schedule (or a Segment), got {type(s).__name__}')
+            if isinstance(s, Segment):
+                s = Schedule(s)
+            if not isinstance(s, Schedule):
+                raise TypeError(f'{name}= must be a Schedule (or a Segment), got {type(s).__name__}')
             self.schedules[name] = s
 
     def before_fit(self):
@@ -150,51 +195,84 @@ class ParamScheduler(Callback):
             for group in learn.opt.param_groups:
                 if _group_key(name, group) is None:
                     keys = sorted(k for k in group if k != 'params')
-                    raise ValueError(f"can't schedule {name!r}: the optimizer's param groups have no such setting "
-                                     f"(they have {', '.join(keys)})")
+                    raise ValueError(
+                        f"can't schedule {name!r}: the optimizer's param groups have no such setting "
+                        f"(they have {', '.join(keys)})"
+                    )
         self.total = _fit_total(learn)
         if 'lr' in self.schedules:  # the largest lr it will set must be a usable one too
             peak = max(abs(v) for seg in self.schedules['lr'].segments for v in (seg.start, seg.end))
             hyperparameter('the scheduled lr (learn.lr times the schedule\'s largest value)', learn.lr * peak)
         self._before = [{_group_key(n, g): g[_group_key(n, g)] for n in self.schedules} for g in learn.opt.param_groups]
-        for s in self.schedules.values(): s.lengths(self.total)  # a schedule longer than the fit fails now, not mid-fit
+        for s in self.schedules.values():
+            s.lengths(self.total)  # a schedule longer than the fit fails now, not mid-fit
 
     def before_batch(self):
         learn = self.learn
-        if (learn.step, learn.lr) == self._written: return  # same step (micro-batches), same base lr
+        if (learn.step, learn.lr) == self._written:
+            return  # same step (micro-batches), same base lr
         self._written = (learn.step, learn.lr)
         pos = min(learn.step - learn.fit_start[1], self.total - 1)
         for name, schedule in self.schedules.items():
             value = schedule(pos, self.total)
-            if name == 'lr': value = learn.lr * value
+            if name == 'lr':
+                value = learn.lr * value
             for group in learn.opt.param_groups:  # each lr at its group's share of the base: ratios kept
                 _set(group, name, value * group.get('lr_scale', 1.0) if name == 'lr' else value)
 
     def after_fit(self):
         for group, before in zip(self.learn.opt.param_groups, self._before):
             group.update(before)
-            if 'lr' in before: group['lr'] = self.learn.lr * group.get('lr_scale', 1.0)
+            if 'lr' in before:
+                group['lr'] = self.learn.lr * group.get('lr_scale', 1.0)
 
 # %% ../nbs/12_schedule.ipynb #b7599c3c
 def one_cycle(pct_start=0.25, div=25.0, div_final=1e5, moms=(0.95, 0.85, 0.95)):
     "The 1cycle schedules: `{'lr': ..., 'momentum': ...}` (no momentum if `moms` is None); `lr` multiplies `learn.lr`."
-    if not (isinstance(pct_start, float) and 0 < pct_start < 1): raise ValueError(f'pct_start must be a float between 0 and 1, got {pct_start!r}')
+    if not (isinstance(pct_start, float) and 0 < pct_start < 1):
+        raise ValueError(f'pct_start must be a float between 0 and 1, got {pct_start!r}')
     div, div_final = hyperparameter('div', div), hyperparameter('div_final', div_final)
     schedules = {'lr': Schedule(Segment('cos', 1 / div, 1.0, steps=pct_start), Segment('cos', end=1 / div_final))}
     if moms is not None:
-        if len(moms) != 3: raise ValueError(f'moms must be (start, middle, end), got {moms!r}')
+        if len(moms) != 3:
+            raise ValueError(f'moms must be (start, middle, end), got {moms!r}')
         schedules['momentum'] = Schedule(Segment('cos', moms[0], moms[1], steps=pct_start), Segment('cos', end=moms[2]))
     return schedules
 
+
 @patch_to(Learner)
-def fit_one_cycle(learn, epochs=None, lr_max=None, pct_start=0.25, div=25.0, div_final=1e5, moms=(0.95, 0.85, 0.95), *,
-                  steps=None, eval_every=None, eval_subset=None, cbs=(), reset_opt=False, resume=None):
+def fit_one_cycle(
+    learn,
+    epochs=None,
+    lr_max=None,
+    pct_start=0.25,
+    div=25.0,
+    div_final=1e5,
+    moms=(0.95, 0.85, 0.95),
+    *,
+    steps=None,
+    eval_every=None,
+    eval_subset=None,
+    cbs=(),
+    reset_opt=False,
+    resume=None,
+):
     "`fit` with the 1cycle policy, peaking at `lr_max` (default: `learn.lr`; given, it becomes `learn.lr`)."
     if lr_max is None and learn.lr_note:
-        raise ValueError(f'fit_one_cycle needs lr_max=: {learn.lr_note}, and learn.lr ({learn.lr:.2e}) was not chosen '
-                         'since. Pass lr_max=, or set learn.lr')
+        raise ValueError(
+            f'fit_one_cycle needs lr_max=: {learn.lr_note}, and learn.lr ({learn.lr:.2e}) was not chosen '
+            'since. Pass lr_max=, or set learn.lr'
+        )
     schedules = one_cycle(pct_start, div, div_final, moms)
     if 'momentum' in schedules and not any(_group_key('momentum', g) for g in learn.opt.param_groups):
         del schedules['momentum']  # an optimizer without momentum or betas: schedule the lr only
-    return learn.fit(epochs, steps=steps, eval_every=eval_every, eval_subset=eval_subset, lr=lr_max, reset_opt=reset_opt,
-                     resume=resume, cbs=[*cbs, ParamScheduler(**schedules)])
+    return learn.fit(
+        epochs,
+        steps=steps,
+        eval_every=eval_every,
+        eval_subset=eval_subset,
+        lr=lr_max,
+        reset_opt=reset_opt,
+        resume=resume,
+        cbs=[*cbs, ParamScheduler(**schedules)],
+    )

@@ -28,51 +28,70 @@ from .track import Runs, Tracker, connect, runs
 ROLES = ('scientific', 'nuisance', 'fixed')
 KINDS = ('float', 'int', 'choice', 'fixed')
 
+
 class Param:
     "A hyperparameter: a float or int range (linear or log), choices, or a fixed value; and its role."
+
     def __init__(self, kind, low=None, high=None, log=False, step=None, choices=None, value=None, role='nuisance'):
-        if kind not in KINDS: raise ValueError(f'a parameter is one of {KINDS}, got {kind!r}')
-        if role not in ROLES: raise ValueError(f"role must be 'scientific', 'nuisance' or 'fixed', got {role!r}")
+        if kind not in KINDS:
+            raise ValueError(f'a parameter is one of {KINDS}, got {kind!r}')
+        if role not in ROLES:
+            raise ValueError(f"role must be 'scientific', 'nuisance' or 'fixed', got {role!r}")
         if (kind == 'fixed') != (role == 'fixed'):
-            raise ValueError('a fixed parameter has one value: write Fixed(value)' if role == 'fixed' else
-                             f"Fixed(...) is a fixed parameter: its role is 'fixed', not {role!r}")
+            raise ValueError(
+                'a fixed parameter has one value: write Fixed(value)'
+                if role == 'fixed'
+                else f"Fixed(...) is a fixed parameter: its role is 'fixed', not {role!r}"
+            )
         self.kind, self.low, self.high, self.log, self.step, self.role = kind, low, high, bool(log), step, role
         self.choices, self.value = None if choices is None else list(choices), value
-        if kind in ('float', 'int'): self._check_range()
+        if kind in ('float', 'int'):
+            self._check_range()
         if kind == 'choice':
-            if not self.choices: raise ValueError('Choice needs at least one choice')
+            if not self.choices:
+                raise ValueError('Choice needs at least one choice')
             bad = [c for c in self.choices if not (c is None or isinstance(c, (bool, int, float, str)))]
-            if bad: raise ValueError(f'choices must be numbers, strings, bools or None (what Optuna stores), got {bad}')
+            if bad:
+                raise ValueError(f'choices must be numbers, strings, bools or None (what Optuna stores), got {bad}')
 
     def _check_range(self):
         kind = 'int' if self.kind == 'int' else 'number'
         for name, v in (('low', self.low), ('high', self.high), ('step', self.step)):
-            if v is None and name == 'step': continue
+            if v is None and name == 'step':
+                continue
             number = isinstance(v, int if self.kind == 'int' else (int, float)) and not isinstance(v, bool)
             if not number or not math.isfinite(v):
                 raise ValueError(f'{self.kind.title()}: {name} must be a finite {kind}, got {v!r}')
         if not self.low < self.high:
             raise ValueError(f'low must be below high, got low={self.low!r}, high={self.high!r}')
-        if self.log and self.low <= 0: raise ValueError(f'a log scale needs low > 0, got low={self.low!r}')
+        if self.log and self.low <= 0:
+            raise ValueError(f'a log scale needs low > 0, got low={self.low!r}')
         if self.step is not None and (self.step <= 0 or self.log):
             raise ValueError(f"step must be > 0, and a log scale takes no step (Optuna's rule), got step={self.step!r}")
 
     @property
-    def searched(self): return self.kind != 'fixed'
+    def searched(self):
+        return self.kind != 'fixed'
 
     def distribution(self):
         "The Optuna distribution this parameter is drawn from."
         import_optuna()
         from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-        if self.kind == 'float': return FloatDistribution(self.low, self.high, log=self.log, step=self.step)
-        if self.kind == 'int': return IntDistribution(self.low, self.high, log=self.log, step=self.step or 1)
-        if self.kind == 'choice': return CategoricalDistribution(self.choices)
+
+        if self.kind == 'float':
+            return FloatDistribution(self.low, self.high, log=self.log, step=self.step)
+        if self.kind == 'int':
+            return IntDistribution(self.low, self.high, log=self.log, step=self.step or 1)
+        if self.kind == 'choice':
+            return CategoricalDistribution(self.choices)
         raise ValueError('a fixed parameter is not searched')
 
     def grid(self):
         "The values a grid search tries: the choices, every int of the range (by its step), or a float range's steps."
-        if self.kind == 'choice': return list(self.choices)
-        if self.kind == 'int': return list(range(self.low, self.high + 1, self.step or 1))
+        if self.kind == 'choice':
+            return list(self.choices)
+        if self.kind == 'int':
+            return list(range(self.low, self.high + 1, self.step or 1))
         if self.kind == 'float' and self.step is not None:
             n = int(math.floor((self.high - self.low) / self.step + 1e-9))
             return [self.low + i * self.step for i in range(n + 1)]
@@ -80,48 +99,74 @@ class Param:
 
     def position(self, v):
         "Where `v` lies in the range, from 0 (low) to 1 (high), on the parameter's scale; None for choices."
-        if self.kind not in ('float', 'int'): return None
+        if self.kind not in ('float', 'int'):
+            return None
         f = math.log if self.log else float
         return (f(v) - f(self.low)) / (f(self.high) - f(self.low))
 
     def describe(self):
         "This parameter as a JSON-ready dict (what the registry keeps with each trial)."
-        fields = dict(kind=self.kind, role=self.role, low=self.low, high=self.high, log=self.log or None,
-                      step=self.step, choices=self.choices, value=self.value if self.kind == 'fixed' else None)
+        fields = dict(
+            kind=self.kind,
+            role=self.role,
+            low=self.low,
+            high=self.high,
+            log=self.log or None,
+            step=self.step,
+            choices=self.choices,
+            value=self.value if self.kind == 'fixed' else None,
+        )
         return {k: v for k, v in fields.items() if v is not None}
 
     @classmethod
     def from_dict(cls, d):
         "The parameter `describe()` described."
-        return cls(d['kind'], d.get('low'), d.get('high'), d.get('log', False), d.get('step'), d.get('choices'),
-                   d.get('value'), d['role'])
+        return cls(
+            d['kind'],
+            d.get('low'),
+            d.get('high'),
+            d.get('log', False),
+            d.get('step'),
+            d.get('choices'),
+            d.get('value'),
+            d['role'],
+        )
 
-    def __eq__(self, other): return isinstance(other, Param) and self.describe() == other.describe()
+    def __eq__(self, other):
+        return isinstance(other, Param) and self.describe() == other.describe()
 
     def __repr__(self):
-        if self.kind == 'fixed': return f'Fixed({self.value!r})'
-        if self.kind == 'choice': return f'Choice({self.choices!r}, role={self.role!r})'
+        if self.kind == 'fixed':
+            return f'Fixed({self.value!r})'
+        if self.kind == 'choice':
+            return f'Choice({self.choices!r}, role={self.role!r})'
         extra = (', log=True' if self.log else '') + (f', step={self.step!r}' if self.step is not None else '')
         return f'{self.kind.title()}({self.low!r}, {self.high!r}{extra}, role={self.role!r})'
+
 
 def Float(low, high, log=False, step=None, role='nuisance'):
     "A float parameter in [low, high], searched on a log scale if `log`, in steps of `step` if given."
     return Param('float', low, high, log=log, step=step, role=role)
 
+
 def Int(low, high, log=False, step=None, role='nuisance'):
     "An int parameter in [low, high] (both included), on a log scale if `log`."
     return Param('int', low, high, log=log, step=step, role=role)
+
 
 def Choice(choices, role='nuisance'):
     "A categorical parameter: one of `choices` (numbers, strings, bools or None)."
     return Param('choice', choices=choices, role=role)
 
+
 def Fixed(value):
     "A fixed parameter: the same `value` in every trial (the playbook's fixed hyperparameters)."
     return Param('fixed', value=value, role='fixed')
 
+
 _NAME = re.compile(r'[A-Za-z_][A-Za-z0-9_.]*')
 _RESERVED = ('trial', 'space')  # keys a trial's registry config has besides its parameters
+
 
 def check_space(space):
     "A search space, checked: a dict of names to `Param`s, at least one of them searched."
@@ -130,7 +175,8 @@ def check_space(space):
     for name, p in space.items():
         if not isinstance(name, str) or not _NAME.fullmatch(name) or name in _RESERVED:
             raise ValueError(f'a parameter name must be an identifier other than {_RESERVED}, got {name!r}')
-        if not isinstance(p, Param): raise ValueError(f'space[{name!r}] must be Float, Int, Choice or Fixed, got {p!r}')
+        if not isinstance(p, Param):
+            raise ValueError(f'space[{name!r}] must be Float, Int, Choice or Fixed, got {p!r}')
     if not any(p.searched for p in space.values()):
         raise ValueError('the space searches nothing: every parameter is Fixed')
     return dict(space)
@@ -139,14 +185,19 @@ def check_space(space):
 SAMPLERS = ('qmc', 'tpe', 'grid', 'random')
 PRUNERS = ('median', 'halving', None)
 
+
 def import_optuna():
     "Optuna, imported when a study first needs it; one clear error without it, or with a version before 5."
-    try: import optuna
-    except ImportError as e: raise ImportError("nbtrainer's studies need Optuna: pip install 'nbtrainer[study]'") from e
+    try:
+        import optuna
+    except ImportError as e:
+        raise ImportError("nbtrainer's studies need Optuna: pip install 'nbtrainer[study]'") from e
     if int(optuna.__version__.split('.')[0]) < 5:
-        raise ImportError(f"nbtrainer's studies need Optuna 5 or later, found {optuna.__version__}: "
-                          "pip install -U 'nbtrainer[study]'")
+        raise ImportError(
+            f"nbtrainer's studies need Optuna 5 or later, found {optuna.__version__}: pip install -U 'nbtrainer[study]'"
+        )
     return optuna
+
 
 @contextlib.contextmanager
 def quiet_optuna():
@@ -158,55 +209,76 @@ def quiet_optuna():
         with warnings.catch_warnings():
             warnings.simplefilter('ignore', optuna.exceptions.ExperimentalWarning)
             yield
-    finally: optuna.logging.set_verbosity(saved)
+    finally:
+        optuna.logging.set_verbosity(saved)
+
 
 def make_sampler(sampler, space, seed=0):
     "The Optuna sampler for `sampler`: 'qmc' (scrambled Sobol), 'tpe', 'grid', 'random', or an Optuna sampler as it is."
     optuna = import_optuna()
-    if not isinstance(sampler, str): return sampler
+    if not isinstance(sampler, str):
+        return sampler
     with quiet_optuna():
-        if sampler == 'qmc': return optuna.samplers.QMCSampler(qmc_type='sobol', scramble=True, seed=seed)
-        if sampler == 'tpe': return optuna.samplers.TPESampler(seed=seed)
-        if sampler == 'random': return optuna.samplers.RandomSampler(seed=seed)
+        if sampler == 'qmc':
+            return optuna.samplers.QMCSampler(qmc_type='sobol', scramble=True, seed=seed)
+        if sampler == 'tpe':
+            return optuna.samplers.TPESampler(seed=seed)
+        if sampler == 'random':
+            return optuna.samplers.RandomSampler(seed=seed)
         if sampler == 'grid':
             return optuna.samplers.GridSampler({n: p.grid() for n, p in space.items() if p.searched}, seed=seed)
     raise ValueError(f'sampler must be one of {SAMPLERS} or an Optuna sampler, got {sampler!r}')
 
+
 def make_pruner(pruner):
     "The Optuna pruner for `pruner`: 'median', 'halving' (successive halving), None (never), or an Optuna pruner."
     optuna = import_optuna()
-    if pruner is None: return optuna.pruners.NopPruner()
-    if not isinstance(pruner, str): return pruner
-    if pruner == 'median': return optuna.pruners.MedianPruner()
-    if pruner == 'halving': return optuna.pruners.SuccessiveHalvingPruner()
+    if pruner is None:
+        return optuna.pruners.NopPruner()
+    if not isinstance(pruner, str):
+        return pruner
+    if pruner == 'median':
+        return optuna.pruners.MedianPruner()
+    if pruner == 'halving':
+        return optuna.pruners.SuccessiveHalvingPruner()
     raise ValueError(f"pruner must be 'median', 'halving', None or an Optuna pruner, got {pruner!r}")
+
 
 def trial_seed(seed, number):
     "The seed of trial `number` in a study seeded `seed`: torch, `random` and NumPy are seeded with it before `build`."
     return int.from_bytes(hashlib.sha256(f'nbtrainer-study/{seed}/{number}'.encode()).digest()[:4], 'little')
 
+
 def seed_trial(seed, number):
     "Seed torch, `random` and NumPy for trial `number` of a study seeded `seed` (as the study does before `build`)."
     import numpy as np
+
     s = trial_seed(seed, number)
     torch.manual_seed(s)
     random.seed(s)
     np.random.seed(s)
 
-def _label(x): return x if isinstance(x, str) or x is None else type(x).__name__
+
+def _label(x):
+    return x if isinstance(x, str) or x is None else type(x).__name__
 
 # %% ../nbs/19_study.ipynb #03e40e4d
 STOP_MESSAGE = 'the study was stopped: this trial resumes from its checkpoint when the study runs again'
 
+
 class TrialPruned(CancelFitException):
     "The study's pruner ended the trial: its registry run ends as `pruned`, and the message names the step."
+
     run_status = 'pruned'
+
 
 class StudyStopped(CancelFitException):
     "`study.stop()` ended the trial: its run ends as `stopped`; the study's next run resumes it from its checkpoint."
 
+
 class TrialReport(Callback):
     "Report each evaluation's monitored value to the Optuna `trial`; end it when its pruner says, or the study stops."
+
     order = Order.SAVE + 5  # after the Tracker wrote the row and the Checkpointer kept the state: a pruned trial forks
     side_effects = True
 
@@ -219,7 +291,8 @@ class TrialReport(Callback):
         new = False
         for row in rows:
             value = monitored_value(row, self.monitor)
-            if value is None or row['step'] in self.reported: continue
+            if value is None or row['step'] in self.reported:
+                continue
             self.trial.report(float(value), row['step'])  # NaN too: Optuna's pruners prune it
             self.reported.add(row['step'])
             new = True
@@ -227,13 +300,15 @@ class TrialReport(Callback):
 
     def _decide(self, new, row):
         "Ask the pruner about the value just reported; end the trial if it says so, or if the study is stopping."
-        for listener in list(self.listeners): listener()
+        for listener in list(self.listeners):
+            listener()
         prune, stop = self.trial is not None and new and self.trial.should_prune(), self.stopping.is_set()
         if self.learn.strategy.distributed:  # rank 0's answers, on every rank: all end at this evaluation
             prune, stop = self.learn.strategy.broadcast_object((prune, stop))
         if prune:
             raise TrialPruned(f"pruned at step {row['step']}: {self.monitor} {monitored_value(row, self.monitor):.4g}")
-        if stop: raise StudyStopped(STOP_MESSAGE)
+        if stop:
+            raise StudyStopped(STOP_MESSAGE)
 
     def before_fit(self):
         "Note the trial's run. Resumed: report what its checkpoint holds and the lost process had not; decide once."
@@ -241,16 +316,19 @@ class TrialReport(Callback):
         if self.trial is not None:
             self.reported = set(self.trial.storage.get_trial(self.trial._trial_id).intermediate_values)
             tracker = next(cb for cb in self.learn.cbs if isinstance(cb, Tracker))
-            if self.trial.user_attrs.get('run') != tracker.run_id: self.trial.set_user_attr('run', tracker.run_id)
+            if self.trial.user_attrs.get('run') != tracker.run_id:
+                self.trial.set_user_attr('run', tracker.run_id)
         new = self.trial is not None and self._report(history)
-        if history: self._decide(new, history[-1])
+        if history:
+            self._decide(new, history[-1])
 
     def after_eval(self):
         row = self.learn.eval_row
         self._decide(self.trial is not None and self._report([row]), row)
 
     def after_batch(self):  # under DDP a stop waits for the next evaluation, where every rank learns of it
-        if self.stopping.is_set() and not self.learn.strategy.distributed: raise StudyStopped(STOP_MESSAGE)
+        if self.stopping.is_set() and not self.learn.strategy.distributed:
+            raise StudyStopped(STOP_MESSAGE)
 
 # %% ../nbs/19_study.ipynb #41c01d9c
 @contextlib.contextmanager
@@ -260,38 +338,63 @@ def _locked(path):
         fcntl.flock(f, fcntl.LOCK_EX)
         yield
 
+
 def _try_claim(path):
     "An open file holding an exclusive lock on `path`; None if another process holds it (freed when that one dies)."
     f = open(path, 'a+')
-    try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.close()
         return None
     return f
 
+
 def _trial_number(n):
     "Is `n`, read from the registry, a trial number (it names the trial's folder)?"
     return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
+
 class Study:
     """A hyperparameter search on Optuna: `trials` trials of `space`, each the Learner `build(params)` makes, trained
     with `learn.fit(**fit)` and recorded as a run of study `name` in the registry `db`. `Study(name, db=db)` reads."""
-    def __init__(self, name, space=None, build=None, *, trials=None, fit=None, db='runs/experiments.db',
-                 monitor='valid_loss', mode='min', sampler='qmc', seed=0, pruner='median', storage='journal',
-                 folder=None, display=None):
+
+    def __init__(
+        self,
+        name,
+        space=None,
+        build=None,
+        *,
+        trials=None,
+        fit=None,
+        db='runs/experiments.db',
+        monitor='valid_loss',
+        mode='min',
+        sampler='qmc',
+        seed=0,
+        pruner='median',
+        storage='journal',
+        folder=None,
+        display=None,
+    ):
         if not isinstance(name, str) or not re.fullmatch(r'[A-Za-z0-9][A-Za-z0-9._-]*', name):
             raise ValueError(f'a study name must be a bare name (letters, digits, ".", "_", "-"), got {name!r}')
-        if mode not in ('min', 'max'): raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        if isinstance(sampler, str) and sampler not in SAMPLERS: make_sampler(sampler, {})  # its clear error
-        if isinstance(pruner, str) and pruner not in PRUNERS: make_pruner(pruner)
+        if mode not in ('min', 'max'):
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        if isinstance(sampler, str) and sampler not in SAMPLERS:
+            make_sampler(sampler, {})  # its clear error
+        if isinstance(pruner, str) and pruner not in PRUNERS:
+            make_pruner(pruner)
         if build is not None and not callable(build):
             raise TypeError(f'build must be a function params -> Learner, got {build!r}')
         self.name, self.db, self.build, self.seed = name, Path(db), build, seed
         self.monitor, self.mode, self.sampler, self.pruner, self.storage = monitor, mode, sampler, pruner, storage
         self.folder = Path(folder) if folder is not None else self.db.parent / 'studies' / name
-        if space is None: space, self.monitor, self.mode = self._space_from_registry()
+        if space is None:
+            space, self.monitor, self.mode = self._space_from_registry()
         self.space = check_space(space)
-        if trials is None and sampler == 'grid': trials = math.prod(len(p.grid()) for p in self.searched.values())
+        if trials is None and sampler == 'grid':
+            trials = math.prod(len(p.grid()) for p in self.searched.values())
         if build is not None:
             if not (isinstance(trials, int) and not isinstance(trials, bool) and trials > 0):
                 raise ValueError(f'trials must be an int > 0 (how many trials the study runs), got {trials!r}')
@@ -308,50 +411,71 @@ class Study:
         trial = trials[0] if trials else None
         if trial is None:
             raise ValueError(f'{self.db} has no trial of a study named {self.name!r}: give its space to start it')
-        try: return {k: Param.from_dict(d) for k, d in trial.config['space'].items()}, trial.monitor, trial.mode
+        try:
+            return {k: Param.from_dict(d) for k, d in trial.config['space'].items()}, trial.monitor, trial.mode
         except (KeyError, TypeError, AttributeError, ValueError) as e:
-            raise ValueError(f'the space of study {self.name!r} in {self.db} (run {trial.id}) '
-                             f'is damaged: {e}') from None
+            raise ValueError(
+                f'the space of study {self.name!r} in {self.db} (run {trial.id}) is damaged: {e}'
+            ) from None
 
     @property
-    def searched(self): return {n: p for n, p in self.space.items() if p.searched}
+    def searched(self):
+        return {n: p for n, p in self.space.items() if p.searched}
 
     @property
-    def fixed(self): return {n: p.value for n, p in self.space.items() if not p.searched}
+    def fixed(self):
+        return {n: p.value for n, p in self.space.items() if not p.searched}
 
     def description(self):
         "What a study of this name keeps, and must keep to go on: space, objective, sampler, seed, pruner and fit."
-        return {'space': {n: p.describe() for n, p in self.space.items()}, 'monitor': self.monitor, 'mode': self.mode,
-                'sampler': _label(self.sampler), 'seed': self.seed, 'pruner': _label(self.pruner), 'fit': self.fit}
+        return {
+            'space': {n: p.describe() for n, p in self.space.items()},
+            'monitor': self.monitor,
+            'mode': self.mode,
+            'sampler': _label(self.sampler),
+            'seed': self.seed,
+            'pruner': _label(self.pruner),
+            'fit': self.fit,
+        }
 
     def _storage(self):
         optuna = import_optuna()
         if self.storage == 'journal':
             from optuna.storages.journal import JournalFileBackend
+
             return optuna.storages.JournalStorage(JournalFileBackend(str(self.folder / 'optuna.journal')))
         if self.storage == 'sqlite':  # the registry's own file: Optuna's tables beside `runs` and `evals`
             connect(self.db, create=True).close()  # the registry first: it refuses a file another program made
-            return optuna.storages.RDBStorage(f'sqlite:///{self.db.resolve()}',
-                                              engine_kwargs={'connect_args': {'timeout': 60}})
+            return optuna.storages.RDBStorage(
+                f'sqlite:///{self.db.resolve()}', engine_kwargs={'connect_args': {'timeout': 60}}
+            )
         return self.storage  # an Optuna storage, or its URL
 
     def optuna_study(self):
         "The Optuna study behind this one, made in its storage the first time, checked to have the same settings after."
-        if self._study is not None: return self._study
+        if self._study is not None:
+            return self._study
         optuna = import_optuna()
         self.folder.mkdir(parents=True, exist_ok=True)
         with quiet_optuna(), _locked(self.folder / '.lock'):
-            study = optuna.create_study(study_name=self.name, storage=self._storage(), load_if_exists=True,
-                                        sampler=make_sampler(self.sampler, self.space, self.seed),
-                                        pruner=make_pruner(self.pruner),
-                                        direction={'min': 'minimize', 'max': 'maximize'}[self.mode])
+            study = optuna.create_study(
+                study_name=self.name,
+                storage=self._storage(),
+                load_if_exists=True,
+                sampler=make_sampler(self.sampler, self.space, self.seed),
+                pruner=make_pruner(self.pruner),
+                direction={'min': 'minimize', 'max': 'maximize'}[self.mode],
+            )
             mine, kept = json.loads(json.dumps(self.description())), study.user_attrs.get('nbtrainer')
-            if kept is None: study.set_user_attr('nbtrainer', mine)
+            if kept is None:
+                study.set_user_attr('nbtrainer', mine)
             elif kept != mine:
                 changed = [k for k in mine if mine[k] != kept.get(k)]
-                raise ValueError(f'study {self.name!r} in {self.folder} was started with another {", ".join(changed)}: '
-                                 f'{ {k: kept.get(k) for k in changed} }. Continue it with the same settings, or give '
-                                 'the new one another name')
+                raise ValueError(
+                    f'study {self.name!r} in {self.folder} was started with another {", ".join(changed)}: '
+                    f'{ {k: kept.get(k) for k in changed} }. Continue it with the same settings, or give '
+                    'the new one another name'
+                )
         self._study = study
         return study
 
@@ -367,19 +491,23 @@ class Study:
             raise ValueError(f'study {self.name!r} was read from the registry: give build=, trials= and fit= to run it')
         self._stopping.clear()
         distributed = is_distributed() or int(os.environ.get('WORLD_SIZE', '1')) > 1  # a torchrun job
-        if distributed: init_distributed()
+        if distributed:
+            init_distributed()
         shown = StudyDisplay(self, self.display) if rank() == 0 else None
         done = 0
         try:
             while (trials is None or done < trials) and not self._stopping.is_set():
                 claim = self._claim_next() if rank() == 0 else None  # (Optuna trial, number, params, resumed, lock)
                 info = None if claim is None else claim[1:4]
-                if distributed: info = broadcast_object(info)  # every rank trains the trial rank 0 claimed
-                if info is None: break
+                if distributed:
+                    info = broadcast_object(info)  # every rank trains the trial rank 0 claimed
+                if info is None:
+                    break
                 self._run_trial(claim and claim[0], *info, claim and claim[4])
                 done += 1
         finally:
-            if shown is not None: shown.close()
+            if shown is not None:
+                shown.close()
         return self
 
     def trial_folder(self, number):
@@ -388,7 +516,8 @@ class Study:
 
     def runs(self):
         "The trials' registry runs, by trial number."
-        if not self.db.exists(): return Runs()  # no trial has started yet
+        if not self.db.exists():
+            return Runs()  # no trial has started yet
         found = [r for r in runs(self.db, study=self.name) if _trial_number(r.config.get('trial'))]  # it names a folder
         return Runs(sorted(found, key=lambda r: r.config['trial']))
 
@@ -400,6 +529,7 @@ class Study:
         "(Optuna trial, number, params, resumed, lock) of the trial this process runs next; None: the study has enough."
         optuna = import_optuna()
         from optuna.trial import TrialState
+
         study = self.optuna_study()
         with quiet_optuna(), _locked(self.folder / '.lock'):  # one process at a time asks, or takes over a trial
             trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
@@ -408,7 +538,8 @@ class Study:
                 if claim is not None:
                     return optuna.trial.Trial(study, t._trial_id), t.number, {**self.fixed, **t.params}, True, claim
             counted = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING) for t in trials)
-            if counted >= self.trials: return None
+            if counted >= self.trials:
+                return None
             trial = study.ask({n: p.distribution() for n, p in self.searched.items()})
             claim = _try_claim(self.folder / f'trial-{trial.number}.claim')  # a new number: nobody holds it
             return trial, trial.number, {**self.fixed, **trial.params}, False, claim
@@ -416,24 +547,33 @@ class Study:
     def _run_trial(self, trial, number, params, resumed, claim):
         "Seed, build and fit one trial (`trial` is None on a DDP trial's other ranks), then tell Optuna how it ended."
         try:
-            try: learn, tracker = self._fit_trial(trial, number, params, resumed)
-            except KeyboardInterrupt: raise  # left running: the next run resumes it
+            try:
+                learn, tracker = self._fit_trial(trial, number, params, resumed)
+            except KeyboardInterrupt:
+                raise  # left running: the next run resumes it
             except NonFiniteLossError:  # a diverged trial: infeasible, not a bug; the study goes on without it
-                if trial is not None: self._tell(trial, state='FAIL')
+                if trial is not None:
+                    self._tell(trial, state='FAIL')
                 return
             except BaseException:
-                if trial is not None: self._tell(trial, state='FAIL')
+                if trial is not None:
+                    self._tell(trial, state='FAIL')
                 raise
             if isinstance(learn.fit_exception, StudyStopped) or learn.fit_outcome == 'preempted':
                 return self._stopping.set()  # left running: resumed from its checkpoint when the study runs again
-            if trial is None: return
-            if isinstance(learn.fit_exception, TrialPruned): return self._tell(trial, state='PRUNED')
+            if trial is None:
+                return
+            if isinstance(learn.fit_exception, TrialPruned):
+                return self._tell(trial, state='PRUNED')
             value = tracker.run.best['value']
-            if value is None or not math.isfinite(value): return self._tell(trial, state='FAIL')
+            if value is None or not math.isfinite(value):
+                return self._tell(trial, state='FAIL')
             self._tell(trial, value)
         finally:
-            if claim is not None: claim.close()
-            for listener in list(self.listeners): listener()
+            if claim is not None:
+                claim.close()
+            for listener in list(self.listeners):
+                listener()
 
     def _fit_trial(self, trial, number, params, resumed):
         "The trial's Learner, with the study's callbacks, after its fit; and its Tracker."
@@ -441,60 +581,91 @@ class Study:
         learn = self.build(dict(params))
         if not isinstance(learn, Learner):
             raise TypeError(f'build(params) must return a Learner, got {type(learn).__name__}')
-        taken = [type(cb).__name__ for cb in learn.cbs
-                 if isinstance(cb, (Tracker, TrialReport)) or getattr(cb, 'keeps_checkpoints', False)]
-        if taken: raise ValueError(f"the Learner build(params) returned has {taken}: the study adds each trial's "
-                                   'Tracker and Checkpointer itself (leave them out of build)')
+        taken = [
+            type(cb).__name__
+            for cb in learn.cbs
+            if isinstance(cb, (Tracker, TrialReport)) or getattr(cb, 'keeps_checkpoints', False)
+        ]
+        if taken:
+            raise ValueError(
+                f"the Learner build(params) returned has {taken}: the study adds each trial's "
+                'Tracker and Checkpointer itself (leave them out of build)'
+            )
         folder = self.trial_folder(number)
         if not resumed and any(folder.glob('*.pt')):
-            raise ValueError(f'{folder} holds checkpoints, but trial {number} is new: they belong to an earlier study '
-                             f'named {self.name!r} whose Optuna storage is gone. Remove the folder or rename the study')
-        tracker = Tracker(self.db, study=self.name, notes=f'trial {number}', monitor=self.monitor, mode=self.mode,
-                          config={**params, 'trial': number, 'space': self.description()['space']})
+            raise ValueError(
+                f'{folder} holds checkpoints, but trial {number} is new: they belong to an earlier study '
+                f'named {self.name!r} whose Optuna storage is gone. Remove the folder or rename the study'
+            )
+        tracker = Tracker(
+            self.db,
+            study=self.name,
+            notes=f'trial {number}',
+            monitor=self.monitor,
+            mode=self.mode,
+            config={**params, 'trial': number, 'space': self.description()['space']},
+        )
         run_id = trial.user_attrs.get('run') if trial is not None else None
         if run_id is not None:  # taken over before a checkpoint: its run goes on (a checkpoint's state replaces this)
             tracker.load_state_dict({'run': run_id, 'rows': 0, 'best': [None, None]})
-        checkpointer = Checkpointer(folder, every_eval=True, keep_last=1, keep_best=1, monitor=self.monitor,
-                                    mode=self.mode)
+        checkpointer = Checkpointer(
+            folder, every_eval=True, keep_last=1, keep_best=1, monitor=self.monitor, mode=self.mode
+        )
         added = learn.add_cbs([tracker, checkpointer, TrialReport(trial, self.monitor, self._stopping, self.listeners)])
-        try: learn.fit(**self.fit, resume=True if resumed else None)
-        finally: learn.remove_cbs(added)
+        try:
+            learn.fit(**self.fit, resume=True if resumed else None)
+        finally:
+            learn.remove_cbs(added)
         return learn, tracker
 
     def _tell(self, trial, value=None, state=None):
         from optuna.trial import TrialState
+
         try:
-            with quiet_optuna(): self.optuna_study().tell(trial, value, state=state and TrialState[state])
+            with quiet_optuna():
+                self.optuna_study().tell(trial, value, state=state and TrialState[state])
         except RuntimeError as e:  # the grid sampler stops "the optimize loop" at the grid's end; the trial is stored
-            if 'Study.stop' not in str(e): raise
+            if 'Study.stop' not in str(e):
+                raise
 
     def run_async(self, trials=None):
         "Run the study in a worker thread, so that its Stop button works in Jupyter: `await` it, or let it run."
         done = concurrent.futures.Future()
+
         def work():
-            try: done.set_result(self.run(trials))
-            except BaseException as e: done.set_exception(e)
+            try:
+                done.set_result(self.run(trials))
+            except BaseException as e:
+                done.set_exception(e)
+
         context = contextvars.copy_context()
         thread = threading.Thread(target=context.run, args=(work,), name='nbtrainer-study', daemon=True)
         thread.start()  # in the caller's context: the table shows in the calling cell
+
         async def wait():
             try:
-                while not done.done(): await asyncio.sleep(0.1)  # wakes often: Jupyter's interrupt cancels the await
+                while not done.done():
+                    await asyncio.sleep(0.1)  # wakes often: Jupyter's interrupt cancels the await
                 return done.result()
             except asyncio.CancelledError:
                 self.stop()
                 thread.join()
                 raise
-        try: loop = asyncio.get_running_loop()
-        except RuntimeError: return wait()  # a script: asyncio.run(study.run_async())
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return wait()  # a script: asyncio.run(study.run_async())
         return loop.create_task(wait())
 
 # %% ../nbs/19_study.ipynb #32298125
 _RESUMED = (STOP_MESSAGE, 'KeyboardInterrupt')  # the messages of trials the study left to resume, not ended
 
+
 def _complete(run):
     "Did the trial of registry run `run` run to its end: finished, or stopped by its own callbacks (early stopping)?"
     return run.status == 'finished' or (run.status == 'stopped' and run.message not in _RESUMED)
+
 
 @patch_to(Study)
 def ranked(self, found=None):
@@ -502,21 +673,26 @@ def ranked(self, found=None):
     complete = [r for r in (self.runs() if found is None else found) if _complete(r) and r.best['value'] is not None]
     return Runs(sorted(complete, key=lambda r: r.best['value'], reverse=self.mode == 'max'))
 
+
 @patch_to(Study, as_prop=True)
 def best(self):
     "The registry run of the best complete trial."
     ranked = self.ranked()
-    if not ranked: raise ValueError(f'study {self.name!r} has no complete trial yet')
+    if not ranked:
+        raise ValueError(f'study {self.name!r} has no complete trial yet')
     return ranked[0]
+
 
 @patch_to(Study)
 def load(self, run=None, checkpoint='best'):
     "The Learner of `run` (default: the best trial) from `build`, loaded from its 'best' or 'latest' `checkpoint`."
-    if self.build is None: raise ValueError('load needs build=: the study makes the Learner with it')
+    if self.build is None:
+        raise ValueError('load needs build=: the study makes the Learner with it')
     run = run or self.best
     kept = Checkpointer(self.trial_folder(run.config['trial']))
     path = kept.best() if checkpoint == 'best' else kept.latest()
-    if path is None: raise ValueError(f"trial {run.config['trial']} kept no {checkpoint} checkpoint in {kept.folder}")
+    if path is None:
+        raise ValueError(f"trial {run.config['trial']} kept no {checkpoint} checkpoint in {kept.folder}")
     seed_trial(self.seed, run.config['trial'])
     learn = self.build(self.params(run))
     with warnings.catch_warnings():  # the trial's Tracker and Checkpointer were the study's: not this Learner's
@@ -524,36 +700,56 @@ def load(self, run=None, checkpoint='best'):
         learn.load(path)
     return learn
 
+
 @patch_to(Study)
 def fork(self, run, step, cbs=()):
     "Trial `run` as after its evaluation at `step`, in a Learner `build` makes (with `cbs`): its next fit is a branch."
-    if self.build is None: raise ValueError('fork needs build=: the study makes the Learner with it')
+    if self.build is None:
+        raise ValueError('fork needs build=: the study makes the Learner with it')
+
     def make():
         learn = self.build(self.params(run))
         learn.add_cbs(list(cbs))  # before the fork, so that a Tracker records the branch's parent
         return learn
+
     with warnings.catch_warnings():  # the trial's Checkpointer was the study's: the branch writes none into its folder
         warnings.filterwarnings('ignore', message='.*has state for callbacks this Learner lacks')
         return run.fork(step, make)
 
+
 def _cell(v):
-    if v is None: return ''
-    if isinstance(v, float): return f'{v:.4g}'
+    if v is None:
+        return ''
+    if isinstance(v, float):
+        return f'{v:.4g}'
     return str(v)
 
-_STATUS_COLOR = {'running': '#1f77b4', 'finished': '#2ca02c', 'pruned': '#8c564b', 'stopped': '#ff7f0e',
-                 'failed': '#d62728', 'died': '#7f7f7f', 'preempted': '#9467bd'}
+
+_STATUS_COLOR = {
+    'running': '#1f77b4',
+    'finished': '#2ca02c',
+    'pruned': '#8c564b',
+    'stopped': '#ff7f0e',
+    'failed': '#d62728',
+    'died': '#7f7f7f',
+    'preempted': '#9467bd',
+}
+
 
 def _sparkline(points, scale, span, width=90, height=18):
     "A small inline SVG curve of (step, value) points, on the study's common scales (so that rows compare)."
     points = [(s, v) for s, v in points if math.isfinite(v)]
-    if not points: return ''
+    if not points:
+        return ''
     (lo, hi), (s0, s1) = scale, span
     x = lambda s: 1 + (width - 2) * (s - s0) / ((s1 - s0) or 1)
     y = lambda v: 1 + (height - 2) * (1 - (v - lo) / ((hi - lo) or 1))
     line = ' '.join(f'{x(s):.1f},{y(v):.1f}' for s, v in points)
-    return (f'<svg width="{width}" height="{height}" style="vertical-align:middle">'
-            f'<polyline points="{line}" fill="none" stroke="currentColor" stroke-width="1.2"/></svg>')
+    return (
+        f'<svg width="{width}" height="{height}" style="vertical-align:middle">'
+        f'<polyline points="{line}" fill="none" stroke="currentColor" stroke-width="1.2"/></svg>'
+    )
+
 
 @patch_to(Study)
 def table(self, found=None):
@@ -564,16 +760,27 @@ def table(self, found=None):
     for r in found:
         values = [(row['step'], monitored_value(row, self.monitor)) for row in r.history]
         status = 'stopped (resumes)' if r.status == 'stopped' and r.message in _RESUMED else r.status
-        rows.append({'trial': r.config['trial'], 'status': status, **{n: r.config.get(n) for n in self.searched},
-                     f'best {self.monitor}': r.best['value'], 'at step': r.best['step'], 'run': r.id,
-                     'curve': [(s, v) for s, v in values if isinstance(v, (int, float))], 'best': r is best,
-                     'message': r.message})
+        rows.append(
+            {
+                'trial': r.config['trial'],
+                'status': status,
+                **{n: r.config.get(n) for n in self.searched},
+                f'best {self.monitor}': r.best['value'],
+                'at step': r.best['step'],
+                'run': r.id,
+                'curve': [(s, v) for s, v in values if isinstance(v, (int, float))],
+                'best': r is best,
+                'message': r.message,
+            }
+        )
     return ['trial', 'status', *self.searched, f'best {self.monitor}', 'at step', 'run', 'curve'], rows
+
 
 @patch_to(Study)
 def _repr_html_(self):
     columns, rows = self.table()
-    if not rows: return f'<p>study {html.escape(self.name)}: no trials yet</p>'
+    if not rows:
+        return f'<p>study {html.escape(self.name)}: no trials yet</p>'
     values = [v for row in rows for _, v in row['curve'] if math.isfinite(v)]
     steps = [s for row in rows for s, _ in row['curve']]
     scale, span = (min(values), max(values)) if values else (0, 1), (min(steps), max(steps)) if steps else (0, 1)
@@ -584,21 +791,29 @@ def _repr_html_(self):
         color = _STATUS_COLOR.get(row['status'].split()[0], 'inherit')
         cells[1] = f'<span style="color:{color}"{title}>{cells[1]}</span>'
         bold = ' style="font-weight:bold"' if row['best'] else ''
-        body.append(f'<tr{bold}>'
-                    + ''.join(f'<td style="text-align:left">{c}</td>' for c in cells)
-                    + f'<td>{_sparkline(row["curve"], scale, span)}</td></tr>')
+        body.append(
+            f'<tr{bold}>'
+            + ''.join(f'<td style="text-align:left">{c}</td>' for c in cells)
+            + f'<td>{_sparkline(row["curve"], scale, span)}</td></tr>'
+        )
     done = sum(r['status'] in ('finished', 'pruned') for r in rows)
     of = f' of {self.trials}' if self.trials else ''
-    caption = (f'study {self.name}: {len(rows)} trials, {done} finished or pruned{of}; the best in bold; '
-               f'curves: {self.monitor} by step')
+    caption = (
+        f'study {self.name}: {len(rows)} trials, {done} finished or pruned{of}; the best in bold; '
+        f'curves: {self.monitor} by step'
+    )
     head = ''.join(f'<th style="text-align:left">{html.escape(c)}</th>' for c in columns)
-    return (f'<table class="nbtrainer-study"><caption style="text-align:left">{html.escape(caption)}</caption>'
-            f'<thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
+    return (
+        f'<table class="nbtrainer-study"><caption style="text-align:left">{html.escape(caption)}</caption>'
+        f'<thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    )
+
 
 @patch_to(Study)
 def __repr__(self):
     columns, rows = self.table()
-    if not rows: return f'study {self.name}: no trials yet'
+    if not rows:
+        return f'study {self.name}: no trials yet'
     shown = columns[:-1]
     cells = [[_cell(row[c]) + (' *' if c == 'trial' and row['best'] else '') for c in shown] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(shown)]
@@ -608,27 +823,38 @@ def __repr__(self):
 # %% ../nbs/19_study.ipynb #796da9e3
 class StudyDisplay:
     "The study's table as it runs: a widget with Stop in Jupyter (then a static table), a line per trial in a terminal."
+
     def __init__(self, study, display=None):
         from nbtrainer.dashboard import display_kind
+
         self.study, self.kind = study, 'none' if display is False else display_kind(display)
         self.handle = self.widget = None
         self.last, self.printed = -math.inf, {}
         study.listeners.append(self.update)
-        if self.kind == 'widgets': self._widgets()
+        if self.kind == 'widgets':
+            self._widgets()
         elif self.kind == 'html':
             from IPython.display import HTML, display
+
             self.handle = display(HTML(study._repr_html_()), display_id=True)
-        elif self.kind == 'text': self._print_ended(quiet=True)
+        elif self.kind == 'text':
+            self._print_ended(quiet=True)
 
     def _widgets(self):
         import ipywidgets as W
         from nbtrainer.progress import display_widget
+
         self.table, self.note = W.HTML(self.study._repr_html_()), W.HTML()
-        self.button = W.Button(description='Stop', button_style='danger',
-                               tooltip='end the running trial (it resumes later) and start no new one')
+        self.button = W.Button(
+            description='Stop',
+            button_style='danger',
+            tooltip='end the running trial (it resumes later) and start no new one',
+        )
+
         def stop(_):
             self.study.stop()
             self.note.value = 'stopping: the running trial ends at its next batch'
+
         self.button.on_click(stop)
         if threading.current_thread() is threading.main_thread():  # a click would wait until the cell ends
             self.button.disabled = True
@@ -638,36 +864,50 @@ class StudyDisplay:
         self.handle = display_widget(self.widget, text)
 
     def update(self, final=False):
-        if not final and now() - self.last < 0.5: return  # at most twice a second: each refresh reads the registry
+        if not final and now() - self.last < 0.5:
+            return  # at most twice a second: each refresh reads the registry
         self.last = now()
-        if self.kind == 'widgets': self.table.value = self.study._repr_html_()
+        if self.kind == 'widgets':
+            self.table.value = self.study._repr_html_()
         elif self.kind == 'html':
             from IPython.display import HTML
+
             self.handle.update(HTML(self.study._repr_html_()))
-        elif self.kind == 'text': self._print_ended()
+        elif self.kind == 'text':
+            self._print_ended()
 
     def _print_ended(self, quiet=False):
         "A line for each trial that ended (or stopped) since the last look; `quiet`: note them only."
         _, rows = self.study.table()
         for row in rows:
-            if row['status'] == 'running' or self.printed.get(row['trial']) == row['status']: continue
+            if row['status'] == 'running' or self.printed.get(row['trial']) == row['status']:
+                continue
             self.printed[row['trial']] = row['status']
-            if quiet: continue
+            if quiet:
+                continue
             params = ' '.join(f'{n}={_cell(row[n])}' for n in self.study.searched)
             value = _cell(row[f'best {self.study.monitor}'])
-            print(f"trial {row['trial']} {row['status']}: best {self.study.monitor} {value} "
-                  f"at step {_cell(row['at step'])}; {params}", flush=True)
+            print(
+                f"trial {row['trial']} {row['status']}: best {self.study.monitor} {value} "
+                f"at step {_cell(row['at step'])}; {params}",
+                flush=True,
+            )
 
     def close(self):
-        if self.update in self.study.listeners: self.study.listeners.remove(self.update)
+        if self.update in self.study.listeners:
+            self.study.listeners.remove(self.update)
         if self.kind == 'widgets':
             from IPython.display import HTML
+
             self.handle.update(HTML(self.study._repr_html_()))  # the static table, which a saved notebook keeps
             self.widget.close()
-        else: self.update(final=True)
+        else:
+            self.update(final=True)
 
 # %% ../nbs/19_study.ipynb #dbf33eff
-def _x(p, v): return str(v) if p.kind == 'choice' else v  # choices on a categorical axis
+def _x(p, v):
+    return str(v) if p.kind == 'choice' else v  # choices on a categorical axis
+
 
 def _groups(p, points, bins=None):
     "(x, value) points grouped for the isolation plot: by value (choices, small int ranges), else in `bins` bins."
@@ -678,32 +918,53 @@ def _groups(p, points, bins=None):
     which = lambda x: min(n - 1, int(p.position(x) * n))
     return [[xy for xy in points if which(xy[0]) == i] for i in range(n)]
 
+
 def _figure(n):
     from matplotlib.figure import Figure  # a bare Figure needs no GUI backend
     from nbtrainer.plotting import show_figures_inline
+
     show_figures_inline()
     cols = min(n, 3)
     fig = Figure(figsize=(4.2 * cols, 3.4 * math.ceil(n / cols)))
     return fig, [fig.add_subplot(math.ceil(n / cols), cols, i + 1) for i in range(n)]
 
+
 def _finish(fig, path):
     fig.tight_layout()
-    if path is not None: fig.savefig(path, dpi=100)
+    if path is not None:
+        fig.savefig(path, dpi=100)
     return fig
+
 
 @patch_to(Study)
 def _scatter(self, ax, name, found, complete):
     "Every trial's value against parameter `name`: complete ones as dots, pruned ones as crosses."
     p = self.space[name]
     for kind, marker, color in (('complete', 'o', 'tab:gray'), ('pruned', 'x', 'tab:orange')):
-        pts = [(_x(p, r.config[name]), r.best['value']) for r in found
-               if name in r.config and r.best['value'] is not None and math.isfinite(r.best['value'])
-               and (r in complete if kind == 'complete' else r.status == 'pruned')]
-        if pts: ax.plot([x for x, _ in pts], [y for _, y in pts], marker, color=color, alpha=0.6, ms=5, ls='none',
-                        label='trials' if kind == 'complete' else 'pruned (value when pruned)')
-    if p.log: ax.set_xscale('log')
+        pts = [
+            (_x(p, r.config[name]), r.best['value'])
+            for r in found
+            if name in r.config
+            and r.best['value'] is not None
+            and math.isfinite(r.best['value'])
+            and (r in complete if kind == 'complete' else r.status == 'pruned')
+        ]
+        if pts:
+            ax.plot(
+                [x for x, _ in pts],
+                [y for _, y in pts],
+                marker,
+                color=color,
+                alpha=0.6,
+                ms=5,
+                ls='none',
+                label='trials' if kind == 'complete' else 'pruned (value when pruned)',
+            )
+    if p.log:
+        ax.set_xscale('log')
     ax.set_xlabel(name)
     ax.set_ylabel(self.monitor)
+
 
 @patch_to(Study)
 def plot_isolation(self, params=None, bins=None, path=None):
@@ -712,7 +973,8 @@ def plot_isolation(self, params=None, bins=None, path=None):
     params = params or [n for n, p in self.searched.items() if p.role == 'scientific'] or list(self.searched)
     found = self.runs()
     complete = self.ranked(found)
-    if not complete: raise ValueError(f'study {self.name!r} has no complete trial to plot')
+    if not complete:
+        raise ValueError(f'study {self.name!r} has no complete trial to plot')
     pick = min if self.mode == 'min' else max
     fig, axes = _figure(len(params))
     for ax, name in zip(axes, params):
@@ -733,10 +995,15 @@ def near_bounds(self, top=3, margin=0.1):
     best, out = self.ranked()[:top], {}
     for name, p in self.searched.items():
         where = [x for r in best if name in r.config and (x := p.position(r.config[name])) is not None]
-        sides = [side for side, near in (('low', any(x <= margin for x in where)),
-                                          ('high', any(x >= 1 - margin for x in where))) if near]
-        if sides: out[name] = sides[0] if len(sides) == 1 else 'both'
+        sides = [
+            side
+            for side, near in (('low', any(x <= margin for x in where)), ('high', any(x >= 1 - margin for x in where)))
+            if near
+        ]
+        if sides:
+            out[name] = sides[0] if len(sides) == 1 else 'both'
     return out
+
 
 @patch_to(Study)
 def plot_params(self, params=None, top=3, margin=0.1, path=None):
@@ -750,18 +1017,28 @@ def plot_params(self, params=None, top=3, margin=0.1, path=None):
         p = self.space[name]
         self._scatter(ax, name, found, complete)
         tops = [(_x(p, r.config[name]), r.best['value']) for r in complete[:top] if name in r.config]
-        ax.plot([x for x, _ in tops], [y for _, y in tops], '*', color='tab:red', ms=12, ls='none',
-                label=f'best {len(tops)}')
+        ax.plot(
+            [x for x, _ in tops],
+            [y for _, y in tops],
+            '*',
+            color='tab:red',
+            ms=12,
+            ls='none',
+            label=f'best {len(tops)}',
+        )
         if p.kind in ('float', 'int'):
-            for bound in (p.low, p.high): ax.axvline(bound, color='gray', ls='--', lw=1)
+            for bound in (p.low, p.high):
+                ax.axvline(bound, color='gray', ls='--', lw=1)
         warn = f': best near the {edges[name]} bound' if name in edges else ''
         ax.set_title(f'{name} ({p.role}){warn}', fontsize=9, **({'color': 'tab:red'} if warn else {}))
         ax.legend(fontsize='small')
     return _finish(fig, path)
 
+
 @patch_to(Study)
 def plot_curves(self, top=3, metric=None, path=None):
     "The training curves (`metric`, by default the monitored value) of the `top` best trials, on one figure."
     best = self.ranked()[:top]
-    if not best: raise ValueError(f'study {self.name!r} has no complete trial to plot')
+    if not best:
+        raise ValueError(f'study {self.name!r} has no complete trial to plot')
     return best.plot(metric or self.monitor, path=path)

@@ -19,29 +19,39 @@ from .core import Learner
 # %% ../nbs/98_testing.ipynb #66b7cb59
 def raises(f, *words, exc=ValueError):
     "Assert that `f()` raises `exc` with every one of `words` in its message; returns the exception."
-    try: f()
+    try:
+        f()
     except exc as e:
         text = str(e)
-        assert all(w in text for w in words), f'{type(e).__name__} says {text!r}, which lacks {[w for w in words if w not in text]}'
+        assert all(w in text for w in words), (
+            f'{type(e).__name__} says {text!r}, which lacks {[w for w in words if w not in text]}'
+        )
         return e
     raise AssertionError(f'no {exc.__name__} raised')
+
 
 def same_weights(a, b):
     "True if two models (or state dicts) hold bit-identical tensors."
     a, b = (m.state_dict() if isinstance(m, nn.Module) else m for m in (a, b))
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
+
 def max_diff(a, b):
     "The largest absolute difference between two models' (or state dicts') tensors."
     a, b = (m.state_dict() if isinstance(m, nn.Module) else m for m in (a, b))
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
+
 def same_state(a, b):
     "Two nests of tensors, dicts, lists and numbers equal bit for bit (tensors also in dtype; NaN equals NaN)."
-    if isinstance(a, torch.Tensor): return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict): return isinstance(b, dict) and a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)): return len(a) == len(b) and all(same_state(u, v) for u, v in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_state(u, v) for u, v in zip(a, b))
     return a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
+
 
 def same_history(a, b):
     "Two histories (lists of rows) equal except for their wall times."
@@ -54,10 +64,12 @@ def classification_data(n=200, features=10, classes=3, seed=0):
     g = torch.Generator().manual_seed(seed)
     return TensorDataset(torch.randn(n, features, generator=g), torch.randint(0, classes, (n,), generator=g))
 
+
 def tiny_classifier(features=10, classes=3, hidden=32, dropout=0.0, seed=0):
     "A two-layer MLP, initialised from `seed`, so two calls give the same weights."
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, classes))
+
 
 def synth_learner(n=64, bs=16, valid=True, lr=0.1, **kwargs):
     "A linear regression y = 2x + 1 with noise: the smallest Learner there is (SGD, MSE, no metrics, no display)."
@@ -69,12 +81,17 @@ def synth_learner(n=64, bs=16, valid=True, lr=0.1, **kwargs):
     kwargs = {'loss_func': F.mse_loss, 'opt_func': torch.optim.SGD, 'metrics': (), 'progress': False, **kwargs}
     return Learner(nn.Linear(1, 1), dl, dl if valid else None, lr=lr, **kwargs)
 
+
 class Keyword(nn.Module):
     "Wraps a model so it takes its input by keyword, as dict batches give it: `Keyword(net)(x=...)`."
+
     def __init__(self, net):
         super().__init__()
         self.net = net
-    def forward(self, x): return self.net(x)
+
+    def forward(self, x):
+        return self.net(x)
+
 
 def padded_batches(padded, n=60, bs=16, features=10, classes=3, seed=0):
     "Batches of `n` examples; `padded` ones are dicts topped up to bs+4 rows with junk of weight 0, which must count nowhere."
@@ -82,14 +99,18 @@ def padded_batches(padded, n=60, bs=16, features=10, classes=3, seed=0):
     X, Y = torch.randn(n, features, generator=g), torch.randint(0, classes, (n,), generator=g)
     out = []
     for i in range(0, n, bs):
-        x, y = X[i:i + bs], Y[i:i + bs]
+        x, y = X[i : i + bs], Y[i : i + bs]
         if not padded:
             out.append((x, y))
             continue
         extra = bs + 4 - len(x)
-        out.append({'x': torch.cat([x, 100 * torch.randn(extra, features, generator=g)]),
-                    'y': torch.cat([y, torch.randint(0, classes, (extra,), generator=g)]),
-                    'weight': torch.cat([torch.ones(len(x)), torch.zeros(extra)])})
+        out.append(
+            {
+                'x': torch.cat([x, 100 * torch.randn(extra, features, generator=g)]),
+                'y': torch.cat([y, torch.randint(0, classes, (extra,), generator=g)]),
+                'weight': torch.cat([torch.ones(len(x)), torch.zeros(extra)]),
+            }
+        )
     return out
 
 # %% ../nbs/98_testing.ipynb #2d6e72c4
@@ -100,14 +121,28 @@ def _windows(batches, n):
         if len(window) == n:
             yield window
             window = []
-    if window: yield window
+    if window:
+        yield window
 
-def hand_written_fit(model, opt_func, dl, epochs=1, lr=0.1, window=1, precision='fp32', scaler=None, clip=None,
-                     loss_func=F.cross_entropy, valid_dl=None):
+
+def hand_written_fit(
+    model,
+    opt_func,
+    dl,
+    epochs=1,
+    lr=0.1,
+    window=1,
+    precision='fp32',
+    scaler=None,
+    clip=None,
+    loss_func=F.cross_entropy,
+    valid_dl=None,
+):
     "Train `model` with a plain PyTorch loop (see above); returns the model."
     opt = opt_func(model.parameters(), lr=lr)
     dtype = {'fp32': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}[precision]
-    if precision == 'fp16' and scaler is None: scaler = torch.amp.GradScaler('cpu')
+    if precision == 'fp16' and scaler is None:
+        scaler = torch.amp.GradScaler('cpu')
     for _ in range(epochs):
         model.train()
         for batches in _windows(dl, window):
@@ -116,15 +151,19 @@ def hand_written_fit(model, opt_func, dl, epochs=1, lr=0.1, window=1, precision=
                 with torch.autocast('cpu', dtype=dtype, enabled=dtype is not None):
                     loss = loss_func(model(x), y) if window == 1 else loss_func(model(x), y, reduction='sum') / count
                 (scaler.scale(loss) if scaler is not None else loss).backward()
-            if scaler is not None and clip: scaler.unscale_(opt)
-            if clip: torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            if scaler is not None and clip:
+                scaler.unscale_(opt)
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             if scaler is not None:
                 scaler.step(opt)
                 scaler.update()
-            else: opt.step()
+            else:
+                opt.step()
             opt.zero_grad()
         if valid_dl is not None:  # validation must not touch the training's random streams
             with torch.random.fork_rng(), torch.no_grad():
                 model.eval()
-                for x, y in valid_dl: model(x)
+                for x, y in valid_dl:
+                    model(x)
     return model

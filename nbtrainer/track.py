@@ -28,10 +28,11 @@ from .rng import loader_generators
 
 # %% ../nbs/18_track.ipynb #5953773b
 APPLICATION_ID = 0x6E627472  # 'nbtr' in SQLite's header: this file is an nbtrainer experiment database
-SCHEMA_VERSION = 2           # PRAGMA user_version: raised by any change to the tables below (2: runs.parent, checkpoints)
-BUSY_TIMEOUT = 60.0          # seconds a writer waits for another process's transaction
+SCHEMA_VERSION = 2  # PRAGMA user_version: raised by any change to the tables below (2: runs.parent, checkpoints)
+BUSY_TIMEOUT = 60.0  # seconds a writer waits for another process's transaction
 
-_TABLES = ('''CREATE TABLE runs (
+_TABLES = (
+    '''CREATE TABLE runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT, study TEXT, status TEXT NOT NULL, message TEXT,
     started REAL NOT NULL, ended REAL, heartbeat REAL NOT NULL, beat_every REAL NOT NULL,
     host TEXT, command TEXT, git_commit TEXT, git_dirty INTEGER, config TEXT NOT NULL,
@@ -40,72 +41,106 @@ _TABLES = ('''CREATE TABLE runs (
     checkpoints TEXT)''',
     'CREATE INDEX runs_by_study ON runs (study, id)',
     '''CREATE TABLE evals (run INTEGER NOT NULL, seq INTEGER NOT NULL, step INTEGER, row TEXT NOT NULL,
-    PRIMARY KEY (run, seq)) WITHOUT ROWID''')
+    PRIMARY KEY (run, seq)) WITHOUT ROWID''',
+)
+
 
 @contextmanager
 def transaction(con):
     "A write transaction that takes the write lock at its start (BEGIN IMMEDIATE), so it waits its turn instead of failing."
     con.execute('BEGIN IMMEDIATE')
-    try: yield con
+    try:
+        yield con
     except BaseException:
-        if con.in_transaction: con.execute('ROLLBACK')  # SQLite may have rolled back already (a full disk does)
+        if con.in_transaction:
+            con.execute('ROLLBACK')  # SQLite may have rolled back already (a full disk does)
         raise
     con.execute('COMMIT')
 
-_MESSAGES = (('locked', 'SQLITE_BUSY'), ('busy', 'SQLITE_BUSY'), ('disk is full', 'SQLITE_FULL'),
-             ('readonly', 'SQLITE_READONLY'), ('unable to open', 'SQLITE_CANTOPEN'), ('disk I/O error', 'SQLITE_IOERR'))
+
+_MESSAGES = (
+    ('locked', 'SQLITE_BUSY'),
+    ('busy', 'SQLITE_BUSY'),
+    ('disk is full', 'SQLITE_FULL'),
+    ('readonly', 'SQLITE_READONLY'),
+    ('unable to open', 'SQLITE_CANTOPEN'),
+    ('disk I/O error', 'SQLITE_IOERR'),
+)
+
 
 def _error_name(e):
     "SQLite's name for the error `e`, such as 'SQLITE_FULL' (Python 3.11 says; before, its message tells)."
     return getattr(e, 'sqlite_errorname', None) or next((name for text, name in _MESSAGES if text in str(e)), '')
 
+
 def _writable(path):
     "Can this process write the file `path` (or make it) and make files beside it (SQLite's WAL and its index)?"
     return (not path.exists() or os.access(path, os.W_OK)) and os.access(path.parent, os.W_OK)
 
+
 def _disk_full(path):
-    try: return shutil.disk_usage(path.parent).free < 2**20
-    except OSError: return False
+    try:
+        return shutil.disk_usage(path.parent).free < 2**20
+    except OSError:
+        return False
+
 
 def _database_error(path, e):
     "One clear error for SQLite's error `e` about the file `path` (full disk, read-only, damaged); None for a lock timeout."
     name = _error_name(e)
-    if name.startswith(('SQLITE_BUSY', 'SQLITE_LOCKED')): return None  # it stays what it is: another process holds the lock
+    if name.startswith(('SQLITE_BUSY', 'SQLITE_LOCKED')):
+        return None  # it stays what it is: another process holds the lock
     full = OSError(f'{path} cannot be written: the disk holding it is full ({e}); free some space')
-    if name == 'SQLITE_FULL': return full
+    if name == 'SQLITE_FULL':
+        return full
     read_only = name.startswith(('SQLITE_READONLY', 'SQLITE_PERM', 'SQLITE_AUTH'))
     trouble = name.startswith(('SQLITE_IOERR', 'SQLITE_CANTOPEN')) or read_only
     if trouble and not _writable(path):
-        return PermissionError(f'{path} is read-only (the file, its folder or its filesystem): nbtrainer can read it '
-                               f'(runs()), not write it ({e})')
-    if trouble and _disk_full(path): return full  # SQLite could not grow the WAL's index (SQLITE_IOERR_SHMSIZE)
+        return PermissionError(
+            f'{path} is read-only (the file, its folder or its filesystem): nbtrainer can read it '
+            f'(runs()), not write it ({e})'
+        )
+    if trouble and _disk_full(path):
+        return full  # SQLite could not grow the WAL's index (SQLITE_IOERR_SHMSIZE)
     if read_only:  # the file can be written, yet SQLite will not: its header says so
-        return ValueError(f'{path} cannot be written, though the file and its folder can: SQLite takes it for read-only '
-                          f'(a damaged header, or a newer file format?): {e}')
-    if trouble: return OSError(f'{path} could not be read or written: {e}')
+        return ValueError(
+            f'{path} cannot be written, though the file and its folder can: SQLite takes it for read-only '
+            f'(a damaged header, or a newer file format?): {e}'
+        )
+    if trouble:
+        return OSError(f'{path} could not be read or written: {e}')
     return ValueError(f'{path} is not a readable nbtrainer experiment database (not SQLite, or corrupt): {e}')
+
 
 @contextmanager
 def _clear_errors(path):
     "Turn SQLite's errors about the file itself into one clear error (`_database_error`); a lock timeout stays what it is."
-    try: yield
+    try:
+        yield
     except sqlite3.DatabaseError as e:
-        if isinstance(e, sqlite3.ProgrammingError): raise  # a mistake in the query, not in the file
+        if isinstance(e, sqlite3.ProgrammingError):
+            raise  # a mistake in the query, not in the file
         clear = _database_error(Path(path), e)
-        if clear is None: raise
+        if clear is None:
+            raise
         raise clear from None
+
 
 def _header(con):
     return con.execute('PRAGMA application_id').fetchone()[0], con.execute('PRAGMA user_version').fetchone()[0]
+
 
 def _create(con):
     "Make an empty file an experiment database; a no-op if another process did it first."
     con.execute('PRAGMA journal_mode = WAL')  # persistent: set once, in the file
     with transaction(con):
-        if _header(con) != (0, 0): return
-        for statement in _TABLES: con.execute(statement)
+        if _header(con) != (0, 0):
+            return
+        for statement in _TABLES:
+            con.execute(statement)
         con.execute(f'PRAGMA application_id = {APPLICATION_ID}')
         con.execute(f'PRAGMA user_version = {SCHEMA_VERSION}')
+
 
 def _open_for_reading(path):
     """`path` opened to be read: read-only (`mode=ro`) when this process cannot write it (a read-only file, folder or
@@ -113,67 +148,93 @@ def _open_for_reading(path):
     is read as it is (`immutable`), less any changes still in its WAL."""
     uri = path.resolve().as_uri()
     writable = _writable(path)  # then opened as writers open it, so that SQLite tidies its WAL files at the last close
-    con = sqlite3.connect(path if writable else f'{uri}?mode=ro', uri=not writable, timeout=BUSY_TIMEOUT,
-                          isolation_level=None)
+    con = sqlite3.connect(
+        path if writable else f'{uri}?mode=ro', uri=not writable, timeout=BUSY_TIMEOUT, isolation_level=None
+    )
     try:
         con.execute('PRAGMA schema_version').fetchone()  # the first read opens the WAL's index
         return con
     except sqlite3.OperationalError as e:
         con.close()
-        if not _error_name(e).startswith(('SQLITE_CANTOPEN', 'SQLITE_READONLY', 'SQLITE_IOERR', 'SQLITE_FULL')): raise
+        if not _error_name(e).startswith(('SQLITE_CANTOPEN', 'SQLITE_READONLY', 'SQLITE_IOERR', 'SQLITE_FULL')):
+            raise
     wal = path.with_name(path.name + '-wal')
     if wal.is_file() and wal.stat().st_size:
-        warnings.warn(f'{path} is read as its main file holds: the latest changes, still in {wal.name} '
-                      f'({wal.stat().st_size} bytes), cannot be read in a read-only folder or on a full disk')
+        warnings.warn(
+            f'{path} is read as its main file holds: the latest changes, still in {wal.name} '
+            f'({wal.stat().st_size} bytes), cannot be read in a read-only folder or on a full disk'
+        )
     return sqlite3.connect(f'{uri}?mode=ro&immutable=1', uri=True, isolation_level=None)
+
 
 def connect(db, create=False, readonly=False):
     """A connection to the experiment database `db` (made if missing, with `create`), checked to be one; autocommit.
     With `readonly` it only reads, and opens a file it cannot write read-only: a read-only folder or filesystem is read."""
     path = Path(db)
-    if create and readonly: raise ValueError('connect(): create and readonly exclude each other')
-    if not create and not path.is_file(): raise FileNotFoundError(f'no experiment database at {path}')
-    if create: path.parent.mkdir(parents=True, exist_ok=True)
+    if create and readonly:
+        raise ValueError('connect(): create and readonly exclude each other')
+    if not create and not path.is_file():
+        raise FileNotFoundError(f'no experiment database at {path}')
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
     with _clear_errors(path):  # transactions are explicit (`transaction`): autocommit
         con = _open_for_reading(path) if readonly else sqlite3.connect(path, timeout=BUSY_TIMEOUT, isolation_level=None)
     try:
         with _clear_errors(path):
             if _header(con) == (0, 0) and not con.execute('SELECT count(*) FROM sqlite_master').fetchone()[0]:
-                if not create: raise ValueError(f'{path} is an empty file, not an nbtrainer experiment database')
+                if not create:
+                    raise ValueError(f'{path} is an empty file, not an nbtrainer experiment database')
                 _create(con)
             app, version = _header(con)
             if app != APPLICATION_ID:
-                raise ValueError(f'{path} is an SQLite database of another program, not an nbtrainer experiment database')
+                raise ValueError(
+                    f'{path} is an SQLite database of another program, not an nbtrainer experiment database'
+                )
             if version > SCHEMA_VERSION:
-                raise ValueError(f'{path} has schema version {version}, newer than this nbtrainer reads '
-                                 f'({SCHEMA_VERSION}): upgrade nbtrainer')
-            if readonly: return con  # a reader writes nothing: a schema-1 file is read as it is
-            if version == 1: _upgrade_to_2(con)
-            con.execute('PRAGMA synchronous = NORMAL')  # in WAL mode: durable across a killed process, no fsync per commit
+                raise ValueError(
+                    f'{path} has schema version {version}, newer than this nbtrainer reads '
+                    f'({SCHEMA_VERSION}): upgrade nbtrainer'
+                )
+            if readonly:
+                return con  # a reader writes nothing: a schema-1 file is read as it is
+            if version == 1:
+                _upgrade_to_2(con)
+            con.execute(
+                'PRAGMA synchronous = NORMAL'
+            )  # in WAL mode: durable across a killed process, no fsync per commit
     except BaseException:
         con.close()
         raise
     return con
 
+
 def _check_intact(con, db):
     "SQLite's `quick_check` of the whole file (about 0.15 s for 60 MB): a damaged page is found before a fit, not in it."
     with _clear_errors(db):
-        problems = [p for p, in con.execute('PRAGMA quick_check(3)')]
+        problems = [p for (p,) in con.execute('PRAGMA quick_check(3)')]
     if problems != ['ok']:
-        raise ValueError(f'{db} is not a readable nbtrainer experiment database (corrupt: SQLite finds '
-                         f'{"; ".join(problems)}). Move it aside (the Tracker then starts a new one) or give the Tracker '
-                         'another file')
+        raise ValueError(
+            f'{db} is not a readable nbtrainer experiment database (corrupt: SQLite finds '
+            f'{"; ".join(problems)}). Move it aside (the Tracker then starts a new one) or give the Tracker '
+            'another file'
+        )
 
 # %% ../nbs/18_track.ipynb #db55154d
 _OPT_SKIP = ('params', 'lr', 'initial_lr', 'foreach', 'capturable', 'differentiable', 'fused')  # not hyperparameters
 
+
 def _plain(v):
     "A JSON-ready copy of a config value: numbers, text, bools and None as they are, sequences as lists, the rest by name."
-    if v is None or isinstance(v, (bool, int, float, str)): return v
-    if isinstance(v, (list, tuple)): return [_plain(x) for x in v]
-    if isinstance(v, dict): return {str(k): _plain(x) for k, x in v.items()}
-    if torch.is_tensor(v) and v.numel() == 1: return v.item()
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if torch.is_tensor(v) and v.numel() == 1:
+        return v.item()
     return getattr(v, '__name__', None) or str(v)
+
 
 def _describe(f):
     "A loss function's name: a function's, a module's class, a partial's with its arguments."
@@ -181,29 +242,50 @@ def _describe(f):
         return f"{_describe(f.func)}({', '.join([*map(repr, f.args), *(f'{k}={v!r}' for k, v in f.keywords.items())])})"
     return getattr(f, '__name__', None) or type(f).__name__
 
+
 def _unwrap(model):
     "The model inside the DDP (`.module`) and torch.compile (`._orig_mod`) wrappers."
     while True:
-        inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else getattr(model, '_orig_mod', None)
-        if not isinstance(inner, torch.nn.Module): return model
+        inner = (
+            model.module
+            if isinstance(model, torch.nn.parallel.DistributedDataParallel)
+            else getattr(model, '_orig_mod', None)
+        )
+        if not isinstance(inner, torch.nn.Module):
+            return model
         model = inner
+
 
 def fit_config(learn):
     "What defines the fit `learn` is starting, as a flat dict (see above)."
     opt, model = learn.opt, _unwrap(learn.model)
-    config = {'lr': learn.lr, 'opt': type(opt).__name__,
-              **{f'opt.{k}': _plain(v) for k, v in opt.param_groups[0].items() if k not in _OPT_SKIP and v is not None}}
-    if len(opt.param_groups) > 1: config['opt.groups'] = len(opt.param_groups)
+    config = {
+        'lr': learn.lr,
+        'opt': type(opt).__name__,
+        **{f'opt.{k}': _plain(v) for k, v in opt.param_groups[0].items() if k not in _OPT_SKIP and v is not None},
+    }
+    if len(opt.param_groups) > 1:
+        config['opt.groups'] = len(opt.param_groups)
     world = world_size()
-    config.update(loss=_describe(learn.loss_func), batch_size=getattr(learn.train_dl, 'batch_size', None), world_size=world,
-                  model=type(model).__name__, params=sum(p.numel() for p in model.parameters()),
-                  metrics=[metric_name(m) for m in learn.metrics], precision=learn.precision.name, accumulate=learn.accumulate)
-    if learn.clip_grad_norm is not None: config['clip_grad_norm'] = learn.clip_grad_norm
+    config.update(
+        loss=_describe(learn.loss_func),
+        batch_size=getattr(learn.train_dl, 'batch_size', None),
+        world_size=world,
+        model=type(model).__name__,
+        params=sum(p.numel() for p in model.parameters()),
+        metrics=[metric_name(m) for m in learn.metrics],
+        precision=learn.precision.name,
+        accumulate=learn.accumulate,
+    )
+    if learn.clip_grad_norm is not None:
+        config['clip_grad_norm'] = learn.clip_grad_norm
     config.update({'epochs': learn.n_epochs} if learn.n_epochs else {'steps': learn.n_steps})
     config.update(eval_every=learn.eval_every, seed=torch.initial_seed())
     generators = loader_generators(learn.train_dl)
-    if generators: config['loader_seed'] = generators[0].initial_seed()
+    if generators:
+        config['loader_seed'] = generators[0].initial_seed()
     return config
+
 
 def _kernel_namespace():
     "The user namespace of the Jupyter kernel running this code, or None outside one."
@@ -211,43 +293,60 @@ def _kernel_namespace():
     shell = ipython.get_ipython() if ipython is not None else None
     return shell.user_ns if getattr(shell, 'kernel', None) is not None else None
 
+
 def notebook_path():
     "The notebook this Jupyter kernel runs, when the front end says: VS Code's `__vsc_ipynb_file__`, or Jupyter's `JPY_SESSION_NAME`."
     ns = _kernel_namespace()
-    if ns is None: return None  # not a kernel (a script started from a notebook inherits JPY_SESSION_NAME: not its path)
+    if ns is None:
+        return None  # not a kernel (a script started from a notebook inherits JPY_SESSION_NAME: not its path)
     for found in (ns.get('__vsc_ipynb_file__'), os.environ.get('JPY_SESSION_NAME'), ns.get('__session__')):
-        if isinstance(found, str) and found.endswith('.ipynb'): return found
+        if isinstance(found, str) and found.endswith('.ipynb'):
+            return found
     return None
+
 
 def reproduce_command():
     "How to run this process again: `jupyter execute NOTEBOOK` in a notebook Jupyter names, else the command line in its folder; None if unknown."
     notebook = notebook_path()
-    if notebook is not None: return shlex.join(['jupyter', 'execute', notebook])
-    if _kernel_namespace() is not None: return None  # a kernel whose notebook the front end does not name
+    if notebook is not None:
+        return shlex.join(['jupyter', 'execute', notebook])
+    if _kernel_namespace() is not None:
+        return None  # a kernel whose notebook the front end does not name
     argv = list(sys.argv)
-    if not argv or argv[0] in ('', '-c', '-'): return None  # an interactive prompt or `python -c`
+    if not argv or argv[0] in ('', '-c', '-'):
+        return None  # an interactive prompt or `python -c`
     spec = getattr(sys.modules.get('__main__'), '__spec__', None)
-    if spec is not None and spec.name: command = [sys.executable, '-m', spec.name.removesuffix('.__main__'), *argv[1:]]
-    elif argv[0].endswith('.py'): command = [sys.executable, *argv]
-    else: command = argv  # a console script, such as nbtrainer-demo
+    if spec is not None and spec.name:
+        command = [sys.executable, '-m', spec.name.removesuffix('.__main__'), *argv[1:]]
+    elif argv[0].endswith('.py'):
+        command = [sys.executable, *argv]
+    else:
+        command = argv  # a console script, such as nbtrainer-demo
     return f'cd {shlex.quote(os.getcwd())} && {shlex.join(command)}'
+
 
 def git_state(folder=None):
     "(commit, dirty) of the git work tree holding `folder` (default: the working directory); (None, None) outside one or without git."
+
     def git(*args):
         return subprocess.run(['git', *args], cwd=folder, capture_output=True, text=True, timeout=30)
+
     try:
         head = git('rev-parse', 'HEAD')
-        if head.returncode: return None, None
+        if head.returncode:
+            return None, None
         status = git('status', '--porcelain', '--untracked-files=no')
         return head.stdout.strip(), bool(status.stdout.strip()) if status.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError): return None, None
+    except (OSError, subprocess.SubprocessError):
+        return None, None
 
 # %% ../nbs/18_track.ipynb #cf25619e
 DIED_AFTER_BEATS = 6  # a running run whose heartbeat is older than this many beats reads as died
 
+
 class _Heartbeat(threading.Thread):
     "Updates a running run's heartbeat every `every` seconds, from its own connection, until stopped."
+
     def __init__(self, db, run_id, every):
         super().__init__(name=f'nbtrainer-heartbeat-{run_id}', daemon=True)
         self.db, self.run_id, self.every, self.done = db, run_id, every, threading.Event()
@@ -258,56 +357,95 @@ class _Heartbeat(threading.Thread):
             while not self.done.wait(self.every):
                 con = con or connect(self.db)  # at the first beat: a short fit never opens it
                 with _clear_errors(self.db), transaction(con):
-                    con.execute("UPDATE runs SET heartbeat = ? WHERE id = ? AND status = 'running'", (wall(), self.run_id))
-        except Exception as e:  # never take the fit down; the run may read as died later, which is the truth it can tell
+                    con.execute(
+                        "UPDATE runs SET heartbeat = ? WHERE id = ? AND status = 'running'", (wall(), self.run_id)
+                    )
+        except (
+            Exception
+        ) as e:  # never take the fit down; the run may read as died later, which is the truth it can tell
             warnings.warn(f'the Tracker heartbeat of run {self.run_id} stopped: {type(e).__name__}: {e}')
         finally:
-            if con is not None: con.close()
+            if con is not None:
+                con.close()
 
     def stop(self):
         self.done.set()
         self.join(timeout=BUSY_TIMEOUT)
 
+
 def _json(value):
     return json.dumps(value, default=lambda v: v.item() if torch.is_tensor(v) and v.numel() == 1 else str(v))
 
-_STATUS = {'finished': 'finished', 'stopped': 'stopped', 'preempted': 'preempted', 'interrupted': 'stopped', 'failed': 'failed'}
+
+_STATUS = {
+    'finished': 'finished',
+    'stopped': 'stopped',
+    'preempted': 'preempted',
+    'interrupted': 'stopped',
+    'failed': 'failed',
+}
+
 
 def _checkpoint_folder(learn, db):
     """The folder the Learner's Checkpointer writes, or None: relative to the database's folder when it lies under it (so
     the two move and copy together), else absolute (`Run.fork` then checks that its files are the run's)."""
     folders = [cb.folder for cb in learn.cbs if getattr(cb, 'keeps_checkpoints', False)]
-    if not folders: return None
+    if not folders:
+        return None
     folder, home = Path(folders[0]).resolve(), Path(db).resolve().parent
     return folder.relative_to(home).as_posix() if folder.is_relative_to(home) else str(folder)
+
 
 def _upgrade_to_2(con):
     "Schema 1 -> 2: runs get a `parent` (a fork's {'run': id, 'step': step}) and their `checkpoints` folder; once."
     with transaction(con):
-        if _header(con)[1] != 1: return
+        if _header(con)[1] != 1:
+            return
         con.execute('ALTER TABLE runs ADD COLUMN parent TEXT')
         con.execute('ALTER TABLE runs ADD COLUMN checkpoints TEXT')
         con.execute('PRAGMA user_version = 2')
 
-def _is_int(v): return isinstance(v, int) and not isinstance(v, bool)
-def _is_number(v): return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
 
 def _tracker_state(state):
     "Is `state` a Tracker state as `Tracker.state_dict` writes it: {'run': id, 'rows': n, 'best': [value, step]}?"
     best = state.get('best') if isinstance(state, dict) else None
-    return (isinstance(state, dict) and _is_int(state.get('run')) and _is_int(state.get('rows')) and state['rows'] >= 0
-            and isinstance(best, (list, tuple)) and len(best) == 2 and (best[0] is None or _is_number(best[0]))
-            and (best[1] is None or _is_int(best[1])))
+    return (
+        isinstance(state, dict)
+        and _is_int(state.get('run'))
+        and _is_int(state.get('rows'))
+        and state['rows'] >= 0
+        and isinstance(best, (list, tuple))
+        and len(best) == 2
+        and (best[0] is None or _is_number(best[0]))
+        and (best[1] is None or _is_int(best[1]))
+    )
+
 
 class Tracker(Callback):
     "Record each fit as a run in the SQLite database `db`: config, status, history, best `monitor` value and how to reproduce it."
+
     order = Order.WRITE
     side_effects = main_process_only = True  # it writes a file; under DDP rank 0 alone does
     beat_every = 10.0  # seconds between heartbeats
 
     def __init__(self, db='runs/experiments.db', study=None, notes='', monitor=None, mode='min', config=None):
-        if mode not in ('min', 'max'): raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        self.db, self.study, self.notes, self.monitor, self.mode = Path(db), study, str(notes), monitor or 'valid_loss', mode
+        if mode not in ('min', 'max'):
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        self.db, self.study, self.notes, self.monitor, self.mode = (
+            Path(db),
+            study,
+            str(notes),
+            monitor or 'valid_loss',
+            mode,
+        )
         self._monitor_asked = monitor  # None: valid_loss, or train_loss in a fit without validation data
         self.config = dict(config or {})
         self.run_id = None  # the run of the current (or last) fit
@@ -321,7 +459,8 @@ class Tracker(Callback):
         _check_intact(self._con, self.db)  # a damaged file is refused now, before the first step
         resume, self._resume = self._resume, None
         with _clear_errors(self.db):
-            if resume is None or not self._reopen(resume): self._start()
+            if resume is None or not self._reopen(resume):
+                self._start()
         self._open = True
         self._heartbeat = _Heartbeat(self.db, self.run_id, self.beat_every)
         self._heartbeat.start()
@@ -335,9 +474,24 @@ class Tracker(Callback):
             self.run_id = con.execute(
                 'INSERT INTO runs (study, status, started, heartbeat, beat_every, host, command, git_commit, git_dirty, '
                 'config, monitor, mode, notes, parent, checkpoints) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
-                (self.study, 'running', now, now, self.beat_every, socket.gethostname(), reproduce_command(), commit,
-                 None if dirty is None else int(dirty), _json(config), self.monitor, self.mode, self.notes,
-                 None if self._parent is None else _json(self._parent), _checkpoint_folder(learn, self.db))).lastrowid
+                (
+                    self.study,
+                    'running',
+                    now,
+                    now,
+                    self.beat_every,
+                    socket.gethostname(),
+                    reproduce_command(),
+                    commit,
+                    None if dirty is None else int(dirty),
+                    _json(config),
+                    self.monitor,
+                    self.mode,
+                    self.notes,
+                    None if self._parent is None else _json(self._parent),
+                    _checkpoint_folder(learn, self.db),
+                ),
+            ).lastrowid
         self._parent = None
         self._rows, self._best = 0, (None, None)
 
@@ -350,56 +504,92 @@ class Tracker(Callback):
                 return False
             con.execute('DELETE FROM evals WHERE run = ? AND seq >= ?', (run_id, rows))
             last = con.execute('SELECT row FROM evals WHERE run = ? ORDER BY seq DESC LIMIT 1', (run_id,)).fetchone()
-            con.execute("UPDATE runs SET status = 'running', message = NULL, ended = NULL, heartbeat = ?, beat_every = ?, "
-                        'host = ?, best_value = ?, best_step = ?, final = ?, resumes = resumes + 1, '
-                        'checkpoints = coalesce(?, checkpoints) WHERE id = ?',
-                        (wall(), self.beat_every, socket.gethostname(), *state['best'], last and last[0],
-                         _checkpoint_folder(self.learn, self.db), run_id))
+            con.execute(
+                "UPDATE runs SET status = 'running', message = NULL, ended = NULL, heartbeat = ?, beat_every = ?, "
+                'host = ?, best_value = ?, best_step = ?, final = ?, resumes = resumes + 1, '
+                'checkpoints = coalesce(?, checkpoints) WHERE id = ?',
+                (
+                    wall(),
+                    self.beat_every,
+                    socket.gethostname(),
+                    *state['best'],
+                    last and last[0],
+                    _checkpoint_folder(self.learn, self.db),
+                    run_id,
+                ),
+            )
         self.run_id, self._rows, self._best = run_id, rows, tuple(state['best'])
         return True
 
     def _write(self, *statements):
         """Run `(sql, params)` statements in one transaction. If the database fails during the fit (a full disk, a damaged
         page), warn once and write nothing more: the fit goes on, and the run reads as died once its heartbeat is stale."""
-        if self._stopped: return False
+        if self._stopped:
+            return False
         try:
             with _clear_errors(self.db), transaction(self._con) as con:
-                for sql, params in statements: con.execute(sql, params)
+                for sql, params in statements:
+                    con.execute(sql, params)
             return True
         except (OSError, ValueError) as e:
             self._stopped = True
-            if self._heartbeat is not None: self._heartbeat.stop()
-            warnings.warn(f'the Tracker stopped recording run {self.run_id} at step {self.learn.step}: {e}. '
-                          'The fit goes on; the run will read as died')
+            if self._heartbeat is not None:
+                self._heartbeat.stop()
+            warnings.warn(
+                f'the Tracker stopped recording run {self.run_id} at step {self.learn.step}: {e}. '
+                'The fit goes on; the run will read as died'
+            )
             return False
 
     def after_eval(self):
         row = self.learn.eval_row
         value = monitored_value(row, self.monitor)
-        if value is None: raise ValueError(f'Tracker monitors {self.monitor!r}, but the history has only {sorted(row)}')
+        if value is None:
+            raise ValueError(f'Tracker monitors {self.monitor!r}, but the history has only {sorted(row)}')
         best = self._best
         if not math.isnan(value) and (best[0] is None or (value < best[0] if self.mode == 'min' else value > best[0])):
             best = (float(value), row['step'])
         text = _json(row)
-        if self._write(('INSERT INTO evals (run, seq, step, row) VALUES (?, ?, ?, ?)',
-                        (self.run_id, self._rows, row['step'], text)),
-                       ('UPDATE runs SET best_value = ?, best_step = ?, final = ?, heartbeat = ? WHERE id = ?',
-                        (*best, text, wall(), self.run_id))):
+        if self._write(
+            (
+                'INSERT INTO evals (run, seq, step, row) VALUES (?, ?, ?, ?)',
+                (self.run_id, self._rows, row['step'], text),
+            ),
+            (
+                'UPDATE runs SET best_value = ?, best_step = ?, final = ?, heartbeat = ? WHERE id = ?',
+                (*best, text, wall(), self.run_id),
+            ),
+        ):
             self._rows, self._best = self._rows + 1, best
 
     def after_fit(self):
-        if self._con is None: return  # before_fit failed before the run started
+        if self._con is None:
+            return  # before_fit failed before the run started
         try:
-            if self._heartbeat is not None: self._heartbeat.stop()
-            if not self._open: return
+            if self._heartbeat is not None:
+                self._heartbeat.stop()
+            if not self._open:
+                return
             learn, error = self.learn, self.learn.fit_exception
             status = _STATUS.get(learn.fit_outcome, 'failed')
-            message = None if error is None else (str(error) if status in ('stopped', 'preempted') and not isinstance(error, KeyboardInterrupt)
-                                                  else f'{type(error).__name__}: {error}'.rstrip(': '))
-            if status == 'stopped' and isinstance(getattr(error, 'run_status', None), str): status = error.run_status  # 'pruned'
+            message = (
+                None
+                if error is None
+                else (
+                    str(error)
+                    if status in ('stopped', 'preempted') and not isinstance(error, KeyboardInterrupt)
+                    else f'{type(error).__name__}: {error}'.rstrip(': ')
+                )
+            )
+            if status == 'stopped' and isinstance(getattr(error, 'run_status', None), str):
+                status = error.run_status  # 'pruned'
             now = wall()
-            self._write(('UPDATE runs SET status = ?, message = ?, ended = ?, heartbeat = ? WHERE id = ?',
-                         (status, message or None, now, now, self.run_id)))
+            self._write(
+                (
+                    'UPDATE runs SET status = ?, message = ?, ended = ?, heartbeat = ? WHERE id = ?',
+                    (status, message or None, now, now, self.run_id),
+                )
+            )
         finally:
             self._con.close()
             self._con = self._heartbeat = None
@@ -411,88 +601,140 @@ class Tracker(Callback):
         return None if self.run_id is None else _read(self.db, 'WHERE id = ?', (self.run_id,))[0]
 
     def state_dict(self):
-        if not self._open or self._stopped: return {}  # a run it stopped recording is not continued by a resume
+        if not self._open or self._stopped:
+            return {}  # a run it stopped recording is not continued by a resume
         return {'run': self.run_id, 'rows': self._rows, 'best': list(self._best)}
 
     def load_state_dict(self, state):
-        if not state: return
-        if not _tracker_state(state): raise ValueError(f'not a Tracker state (run, rows, best): {str(state)[:200]}')
+        if not state:
+            return
+        if not _tracker_state(state):
+            raise ValueError(f'not a Tracker state (run, rows, best): {str(state)[:200]}')
         self._resume = dict(state)
 
     def after_fork(self):
         "The Learner was forked: its next fit is a new run whose parent is the run of the fork point, at its step."
         resume, self._resume = self._resume, None
-        if resume is not None: self._parent = {'run': resume['run'], 'step': self.learn.progress.parent['step']}
+        if resume is not None:
+            self._parent = {'run': resume['run'], 'step': self.learn.progress.parent['step']}
 
 # %% ../nbs/18_track.ipynb #43203296
 def _fmt(v):
-    if v is None: return ''
-    if isinstance(v, float): return f'{v:.4g}'
-    if isinstance(v, (list, dict)): return json.dumps(v)
+    if v is None:
+        return ''
+    if isinstance(v, float):
+        return f'{v:.4g}'
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
     return str(v)
 
+
 def _duration(seconds):
-    if seconds is None: return ''
+    if seconds is None:
+        return ''
     s = int(round(seconds))
-    if s < 60: return f'{seconds:.1f}s' if seconds < 10 else f'{s}s'
-    if s < 3600: return f'{s // 60}m {s % 60:02d}s'
+    if s < 60:
+        return f'{seconds:.1f}s' if seconds < 10 else f'{s}s'
+    if s < 3600:
+        return f'{s // 60}m {s % 60:02d}s'
     return f'{s // 3600}h {s // 60 % 60:02d}m'
+
 
 def _tracked_run(state):
     "The registry run a checkpoint's Tracker was recording when it was written, or None."
     callbacks = state.get('callbacks') if isinstance(state, dict) else None
-    if not isinstance(callbacks, dict): return None
+    if not isinstance(callbacks, dict):
+        return None
     return next((cb['run'] for cb in callbacks.values() if _tracker_state(cb)), None)
 
-def _maybe(check): return lambda v: v is None or check(v)
+
+def _maybe(check):
+    return lambda v: v is None or check(v)
+
+
 _is_text = _maybe(lambda v: isinstance(v, str))
 
 _RUN_FIELDS = {  # what each column of a `runs` row must hold, JSON ones once parsed
-    'study': _is_text, 'status': lambda v: isinstance(v, str), 'message': _is_text, 'started': _is_number,
-    'ended': _maybe(_is_number), 'heartbeat': _is_number, 'beat_every': _is_number, 'host': _is_text, 'command': _is_text,
-    'git_commit': _is_text, 'git_dirty': _maybe(_is_int), 'monitor': _is_text, 'mode': _is_text,
-    'best_value': _maybe(_is_number), 'best_step': _maybe(_is_int), 'notes': lambda v: isinstance(v, str),
-    'resumes': _is_int, 'checkpoints': _is_text, 'config': lambda v: isinstance(v, dict),
+    'study': _is_text,
+    'status': lambda v: isinstance(v, str),
+    'message': _is_text,
+    'started': _is_number,
+    'ended': _maybe(_is_number),
+    'heartbeat': _is_number,
+    'beat_every': _is_number,
+    'host': _is_text,
+    'command': _is_text,
+    'git_commit': _is_text,
+    'git_dirty': _maybe(_is_int),
+    'monitor': _is_text,
+    'mode': _is_text,
+    'best_value': _maybe(_is_number),
+    'best_step': _maybe(_is_int),
+    'notes': lambda v: isinstance(v, str),
+    'resumes': _is_int,
+    'checkpoints': _is_text,
+    'config': lambda v: isinstance(v, dict),
     'final': _maybe(lambda v: isinstance(v, dict)),
     'tags': lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v),
-    'parent': _maybe(lambda v: isinstance(v, dict) and v.keys() == {'run', 'step'} and all(map(_is_int, v.values())))}
+    'parent': _maybe(lambda v: isinstance(v, dict) and v.keys() == {'run', 'step'} and all(map(_is_int, v.values()))),
+}
 _JSON_FIELDS = ('config', 'final', 'tags', 'parent')
+
 
 def _run_fields(db, row):
     "A `runs` row's fields, JSON parsed and checked: a crafted or damaged row gets one clear error naming run and field."
     fields = {'parent': None, 'checkpoints': None, **dict(zip(row.keys(), row))}  # a schema-1 file has neither column
-    if not _is_int(fields.get('id')): raise ValueError(f"{db}: a run has a damaged 'id' field: {str(fields['id'])[:100]!r}")
+    if not _is_int(fields.get('id')):
+        raise ValueError(f"{db}: a run has a damaged 'id' field: {str(fields['id'])[:100]!r}")
     for name, valid in _RUN_FIELDS.items():
         value = fields.get(name)
         try:
-            if name in _JSON_FIELDS: value = fields[name] = json.loads(value) if value else None
+            if name in _JSON_FIELDS:
+                value = fields[name] = json.loads(value) if value else None
             ok = valid(value)
-        except (TypeError, ValueError, RecursionError): ok = False
-        if not ok: raise ValueError(f"{db}: run {fields['id']} has a damaged {name!r} field: {str(value)[:100]!r}")
+        except (TypeError, ValueError, RecursionError):
+            ok = False
+        if not ok:
+            raise ValueError(f"{db}: run {fields['id']} has a damaged {name!r} field: {str(value)[:100]!r}")
     return fields
+
 
 def _history_row(db, run, seq, text):
     "A row of a run's history as the `evals` table holds it (JSON), checked to be one."
-    try: row = json.loads(text)
-    except (TypeError, ValueError, RecursionError): row = None
+    try:
+        row = json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        row = None
     if not (isinstance(row, dict) and _is_int(row.get('step'))):
         raise ValueError(f'{db}: run {run} has a damaged history row (seq {seq}): {str(text)[:100]!r}')
     return row
+
 
 def _recorded_folder(db, run, text):
     """The checkpoint folder run `run` of `db` recorded: relative to the database's folder (it moves and copies with it), or
     absolute (a folder elsewhere, or an older file's record); refused if it could lead anywhere else."""
     parts = re.split(r'[\\/]', text)
-    why = ('is empty' if not text.strip() else 'holds a NUL character' if '\0' in text else
-           "climbs out of its folder ('..')" if '..' in parts else None)
-    if why: raise ValueError(f"{db}: run {run}'s 'checkpoints' field {why}: {text[:200]!r}; refused")
+    why = (
+        'is empty'
+        if not text.strip()
+        else 'holds a NUL character'
+        if '\0' in text
+        else "climbs out of its folder ('..')"
+        if '..' in parts
+        else None
+    )
+    if why:
+        raise ValueError(f"{db}: run {run}'s 'checkpoints' field {why}: {text[:200]!r}; refused")
     return Path(text) if os.path.isabs(text) else Path(db).resolve().parent / text
+
 
 def _kept_steps(folder):
     return sorted(int(m[1]) for p in folder.iterdir() if (m := re.fullmatch(r'eval-(\d+)\.pt', p.name)))
 
+
 class Run:
     "One run of an experiment database, as `runs()` read it; `note` and `tag` edit it."
+
     def __init__(self, db, row, now, stale_after=None):
         self.db = Path(db)
         f = _run_fields(self.db, row)
@@ -540,7 +782,8 @@ class Run:
     def _edit(self, change):
         with closing(connect(self.db)) as con, _clear_errors(self.db), transaction(con):
             found = con.execute('SELECT notes, tags FROM runs WHERE id = ?', (self.id,)).fetchone()
-            if found is None: raise ValueError(f'run {self.id} is not in {self.db}')
+            if found is None:
+                raise ValueError(f'run {self.id} is not in {self.db}')
             notes, tags = change(found[0], json.loads(found[1]))
             con.execute('UPDATE runs SET notes = ?, tags = ? WHERE id = ?', (notes, json.dumps(tags), self.id))
         self.notes, self.tags = notes, tags
@@ -556,41 +799,61 @@ class Run:
         as they are), or without `build` the state to load (`learn.load_training_state`-ready, as `read_checkpoint` reads it).
         The file must say it holds this run's state (its Tracker's): another run's, or an unknown one, is refused."""
         from nbtrainer.checkpoint import read_checkpoint
-        if not _is_int(step): raise TypeError(f'step must be an int, got {step!r}')
+
+        if not _is_int(step):
+            raise TypeError(f'step must be an int, got {step!r}')
         if self._checkpoints is None:
-            raise ValueError(f'run {self.id} recorded no checkpoint folder: it needs a Checkpointer(folder, every_eval=True) '
-                             'to be forked from the registry')
+            raise ValueError(
+                f'run {self.id} recorded no checkpoint folder: it needs a Checkpointer(folder, every_eval=True) '
+                'to be forked from the registry'
+            )
         folder = Path(self.checkpoints)
         if not folder.is_dir():
-            raise ValueError(f'run {self.id} kept its checkpoints in {folder}, which is not there '
-                             '(deleted, or moved without the database?)')
+            raise ValueError(
+                f'run {self.id} kept its checkpoints in {folder}, which is not there '
+                '(deleted, or moved without the database?)'
+            )
         found = [folder / f'{kind}-{step}.pt' for kind in ('eval', 'best') if (folder / f'{kind}-{step}.pt').exists()]
         if not found:
-            raise ValueError(f'run {self.id} kept no state for the evaluation at step {step} in {folder}: '
-                             f'it has steps {_kept_steps(folder)}')
+            raise ValueError(
+                f'run {self.id} kept no state for the evaluation at step {step} in {folder}: '
+                f'it has steps {_kept_steps(folder)}'
+            )
         state = read_checkpoint(found[0])
         owner = _tracked_run(state)
         if owner is None:
-            raise ValueError(f"{found[0]} does not say which run it holds (it has no Tracker state): it is not known to be "
-                             f"run {self.id}'s, and is refused")
+            raise ValueError(
+                f"{found[0]} does not say which run it holds (it has no Tracker state): it is not known to be "
+                f"run {self.id}'s, and is refused"
+            )
         if not self._owns(owner, step):
-            raise ValueError(f"{found[0]} holds run {owner}'s state at step {step}, not run {self.id}'s: another run's "
-                             "files are in its folder (a branch that kept writing into the folder it shares with its "
-                             "parent replaces the parent's files: give a branch's Checkpointer a folder of its own)")
-        if build is None: return state
+            raise ValueError(
+                f"{found[0]} holds run {owner}'s state at step {step}, not run {self.id}'s: another run's "
+                "files are in its folder (a branch that kept writing into the folder it shares with its "
+                "parent replaces the parent's files: give a branch's Checkpointer a folder of its own)"
+            )
+        if build is None:
+            return state
         learn = build()
-        if any(Path(getattr(cb, 'folder', '')).resolve() == folder.resolve() for cb in learn.cbs
-               if getattr(cb, 'keeps_checkpoints', False)):
-            raise ValueError(f'the Learner build() makes writes checkpoints into {folder}, the parent run\'s folder: '
-                             "its branch's files would replace the parent's; give its Checkpointer another folder")
+        if any(
+            Path(getattr(cb, 'folder', '')).resolve() == folder.resolve()
+            for cb in learn.cbs
+            if getattr(cb, 'keeps_checkpoints', False)
+        ):
+            raise ValueError(
+                f'the Learner build() makes writes checkpoints into {folder}, the parent run\'s folder: '
+                "its branch's files would replace the parent's; give its Checkpointer another folder"
+            )
         return learn.fork(step, checkpoint=found[0])
 
     def _owns(self, run, step):
         "Is run `run`'s state at `step` this run's too: its own, or an ancestor's up to the step this line forked from it?"
         here, limit, seen = self, math.inf, set()
         while here is not None and here.id not in seen:  # a crafted file may make the line of parents a loop
-            if here.id == run: return step <= limit
-            if here.parent is None: return False
+            if here.id == run:
+                return step <= limit
+            if here.parent is None:
+                return False
             seen.add(here.id)
             limit = min(limit, here.parent['step'])
             found = _read(self.db, 'WHERE id = ?', (here.parent['run'],))
@@ -600,7 +863,9 @@ class Run:
     def __repr__(self):
         return f'Run({self.id}, study={self.study!r}, status={self.status!r}, best={self.best})'
 
-    def _repr_html_(self): return Runs([self])._repr_html_()
+    def _repr_html_(self):
+        return Runs([self])._repr_html_()
+
 
 def _read(db, where='', params=(), stale_after=None):
     with closing(connect(db, readonly=True)) as con, _clear_errors(db):
@@ -608,6 +873,7 @@ def _read(db, where='', params=(), stale_after=None):
         rows = con.execute(f'SELECT * FROM runs {where} ORDER BY id DESC', params).fetchall()
     now = wall()
     return Runs(Run(db, r, now, stale_after) for r in rows)
+
 
 def runs(db='runs/experiments.db', study=None, stale_after=None):
     "The runs in `db` (of `study`, if given), newest first. A running run with no heartbeat for `stale_after` s (default: 6 beats) reads as died."
@@ -618,15 +884,26 @@ def runs(db='runs/experiments.db', study=None, stale_after=None):
 # %% ../nbs/18_track.ipynb #b09721dc
 _CONTROL = re.compile('[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]')
 
+
 def _printable(text):
     "`text` safe to print in a terminal: control characters (escape sequences, bidi overrides) shown as escapes, `\\x1b`."
     return _CONTROL.sub(lambda m: m[0].encode('unicode_escape').decode(), text)
 
-_STATUS_COLORS = {'running': '#1f77b4', 'finished': '#2ca02c', 'stopped': '#ff7f0e', 'preempted': '#9467bd', 'failed': '#d62728',
-                  'died': '#7f7f7f', 'pruned': '#8c564b'}
+
+_STATUS_COLORS = {
+    'running': '#1f77b4',
+    'finished': '#2ca02c',
+    'stopped': '#ff7f0e',
+    'preempted': '#9467bd',
+    'failed': '#d62728',
+    'died': '#7f7f7f',
+    'pruned': '#8c564b',
+}
+
 
 class Runs(list):
     "A list of `Run`s that shows as a table (HTML in Jupyter, text elsewhere), plots their curves and picks the best."
+
     def __getitem__(self, i):
         got = super().__getitem__(i)
         return Runs(got) if isinstance(i, slice) else got
@@ -643,34 +920,68 @@ class Runs(list):
         one_monitor = len(monitors) == 1
         config = self.varying()[:max_config]
         forked = any(r.parent for r in self)
-        columns = ['id', *(['study'] if any(r.study for r in self) else []), *(['forked from'] if forked else []), 'status',
-                   'started', 'time', f'best {next(iter(monitors))}' if one_monitor else 'best', 'at step', *config, 'notes']
+        columns = [
+            'id',
+            *(['study'] if any(r.study for r in self) else []),
+            *(['forked from'] if forked else []),
+            'status',
+            'started',
+            'time',
+            f'best {next(iter(monitors))}' if one_monitor else 'best',
+            'at step',
+            *config,
+            'notes',
+        ]
         rows = []
         for r in self:
-            best = _fmt(r.best['value']) if one_monitor or r.best['value'] is None else f"{r.monitor} {_fmt(r.best['value'])}"
+            best = (
+                _fmt(r.best['value'])
+                if one_monitor or r.best['value'] is None
+                else f"{r.monitor} {_fmt(r.best['value'])}"
+            )
             notes = ' '.join([r.notes, *(f'#{t}' for t in r.tags)]).strip()
             origin = f"run {r.parent['run']} at step {r.parent['step']}" if r.parent else ''
-            rows.append([str(r.id), *([r.study or ''] if 'study' in columns else []), *([origin] if forked else []), r.status,
-                         time.strftime('%Y-%m-%d %H:%M', time.localtime(r.started)), _duration(r.duration),
-                         best, _fmt(r.best['step']), *(_fmt(r.config.get(k)) for k in config), notes])
+            rows.append(
+                [
+                    str(r.id),
+                    *([r.study or ''] if 'study' in columns else []),
+                    *([origin] if forked else []),
+                    r.status,
+                    time.strftime('%Y-%m-%d %H:%M', time.localtime(r.started)),
+                    _duration(r.duration),
+                    best,
+                    _fmt(r.best['step']),
+                    *(_fmt(r.config.get(k)) for k in config),
+                    notes,
+                ]
+            )
         return columns, rows
 
     def tree(self):
         "The runs as a tree of forks, one line each: a branch under the run it was forked from, with the step."
         ids, children = {r.id for r in self}, {}
-        for r in self: children.setdefault(r.parent['run'] if r.parent and r.parent['run'] in ids else None, []).append(r)
+        for r in self:
+            children.setdefault(r.parent['run'] if r.parent and r.parent['run'] in ids else None, []).append(r)
+
         def lines(run, prefix, last):
             here = f"run {run.id} ({run.status}, best {_fmt(run.best['value'])})" + (
-                f" forked at step {run.parent['step']}" if run.parent else '')
+                f" forked at step {run.parent['step']}" if run.parent else ''
+            )
             out = [prefix + ('└─ ' if last else '├─ ') + here if prefix or run.parent else here]
             kids = sorted(children.get(run.id, []), key=lambda k: k.id)
-            for i, kid in enumerate(kids): out += lines(kid, prefix + ('   ' if last else '│  '), i == len(kids) - 1)
+            for i, kid in enumerate(kids):
+                out += lines(kid, prefix + ('   ' if last else '│  '), i == len(kids) - 1)
             return out
-        return '\n'.join(_printable(line) for root in sorted(children.get(None, []), key=lambda r: r.id)
-                         for line in lines(root, '', True))
+
+        return '\n'.join(
+            _printable(line)
+            for root in sorted(children.get(None, []), key=lambda r: r.id)
+            for line in lines(root, '', True)
+        )
 
     def __repr__(self):
-        if not self: return 'no runs'
+        if not self:
+            return 'no runs'
         columns, rows = self.table()
         columns, rows = [_printable(c) for c in columns], [[_printable(c) for c in row] for row in rows]
         widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(columns)]
@@ -680,7 +991,8 @@ class Runs(list):
     __str__ = __repr__
 
     def _repr_html_(self):
-        if not self: return '<p>no runs</p>'
+        if not self:
+            return '<p>no runs</p>'
         columns, rows = self.table()
         status = columns.index('status')
         head = ''.join(f'<th style="text-align:left">{html.escape(c)}</th>' for c in columns)
@@ -688,8 +1000,10 @@ class Runs(list):
         for run, row in zip(self, rows):
             cells = [f'<td style="text-align:left">{html.escape(c)}</td>' for c in row]
             title = f' title="{html.escape(run.message)}"' if run.message else ''
-            cells[status] = (f'<td style="text-align:left;color:{_STATUS_COLORS.get(run.status, "inherit")}"{title}>'
-                             f'{html.escape(row[status])}{" ⓘ" if run.message else ""}</td>')
+            cells[status] = (
+                f'<td style="text-align:left;color:{_STATUS_COLORS.get(run.status, "inherit")}"{title}>'
+                f'{html.escape(row[status])}{" ⓘ" if run.message else ""}</td>'
+            )
             body.append('<tr>' + ''.join(cells) + '</tr>')
         return f'<table class="nbtrainer-runs"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
@@ -697,38 +1011,62 @@ class Runs(list):
         "The runs' histories, in order, read in one query per database (and kept as each run's `.history`)."
         unread = {}
         for r in self:
-            if 'history' not in vars(r): unread.setdefault(r.db, {})[r.id] = r
+            if 'history' not in vars(r):
+                unread.setdefault(r.db, {})[r.id] = r
         for db, wanted in unread.items():
             found, ids = {i: [] for i in wanted}, list(wanted)
             with closing(connect(db, readonly=True)) as con, _clear_errors(db):
                 for start in range(0, len(ids), 500):
-                    chunk = ids[start:start + 500]
-                    query = f'SELECT run, seq, row FROM evals WHERE run IN ({",".join("?" * len(chunk))}) ORDER BY run, seq'
+                    chunk = ids[start : start + 500]
+                    query = (
+                        f'SELECT run, seq, row FROM evals WHERE run IN ({",".join("?" * len(chunk))}) ORDER BY run, seq'
+                    )
                     for run_id, seq, row in con.execute(query, chunk):
                         found[run_id].append(_history_row(db, run_id, seq, row))
-            for i, history in found.items(): wanted[i].history = history
+            for i, history in found.items():
+                wanted[i].history = history
         return [r.history for r in self]
 
     def to_pandas(self):
         "One row per run (indexed by id): status, times, best value, notes, tags, every config key, and the final row's values as `final_*`."
-        try: import pandas as pd
-        except ImportError as e: raise ImportError('Runs.to_pandas() needs pandas: pip install pandas') from e
+        try:
+            import pandas as pd
+        except ImportError as e:
+            raise ImportError('Runs.to_pandas() needs pandas: pip install pandas') from e
         from datetime import datetime
+
         records = []
         for r in self:
-            record = {'id': r.id, 'study': r.study, 'status': r.status, 'message': r.message,
-                      'started': datetime.fromtimestamp(r.started), 'ended': r.ended and datetime.fromtimestamp(r.ended),
-                      'duration': r.duration, 'monitor': r.monitor, 'best': r.best['value'], 'best_step': r.best['step'],
-                      'notes': r.notes, 'tags': ' '.join(r.tags), 'resumes': r.resumes, 'host': r.host,
-                      'git_commit': r.git['commit'], 'git_dirty': r.git['dirty'], 'command': r.command}
-            for k, v in r.config.items(): record[k if k not in record else f'config_{k}'] = json.dumps(v) if isinstance(v, (list, dict)) else v
-            for k, v in (r.final or {}).items(): record[f'final_{k}'] = v
+            record = {
+                'id': r.id,
+                'study': r.study,
+                'status': r.status,
+                'message': r.message,
+                'started': datetime.fromtimestamp(r.started),
+                'ended': r.ended and datetime.fromtimestamp(r.ended),
+                'duration': r.duration,
+                'monitor': r.monitor,
+                'best': r.best['value'],
+                'best_step': r.best['step'],
+                'notes': r.notes,
+                'tags': ' '.join(r.tags),
+                'resumes': r.resumes,
+                'host': r.host,
+                'git_commit': r.git['commit'],
+                'git_dirty': r.git['dirty'],
+                'command': r.command,
+            }
+            for k, v in r.config.items():
+                record[k if k not in record else f'config_{k}'] = json.dumps(v) if isinstance(v, (list, dict)) else v
+            for k, v in (r.final or {}).items():
+                record[f'final_{k}'] = v
             records.append(record)
         return pd.DataFrame(records, columns=None if records else ['id']).set_index('id')
 
     def plot(self, metric='valid_loss', path=None):
         "Overlay the runs' `metric` curves (history rows against steps; a fork's branch from its fork point); save a PNG to `path` if given."
         from matplotlib.figure import Figure  # a bare Figure needs no GUI backend
+
         show_figures_inline()
         histories, config = self.histories(), self.varying()
         fig = Figure(figsize=(8, 4))
@@ -737,11 +1075,17 @@ class Runs(list):
         for r, history in zip(self, histories):
             if r.parent and r.parent['run'] in by_id:  # a branch starts from its parent's row at the fork
                 history = [row for row in by_id[r.parent['run']] if row['step'] == r.parent['step']][-1:] + history
-            points = [(row['step'], v) for row in history
-                      if (v := monitored_value(row, metric)) is not None and isinstance(v, (int, float)) and math.isfinite(v)]
-            if not points: continue
+            points = [
+                (row['step'], v)
+                for row in history
+                if (v := monitored_value(row, metric)) is not None and isinstance(v, (int, float)) and math.isfinite(v)
+            ]
+            if not points:
+                continue
             label = ', '.join([f'run {r.id}', *(f'{k}={_fmt(r.config.get(k))}' for k in config)])
-            ax.plot([s for s, _ in points], [v for _, v in points], 'o-' if len(points) <= 30 else '-', ms=3, label=label)
+            ax.plot(
+                [s for s, _ in points], [v for _, v in points], 'o-' if len(points) <= 30 else '-', ms=3, label=label
+            )
             drawn += 1
         if not drawn:
             columns = sorted({k for h in histories for row in h for k in row})
@@ -750,7 +1094,8 @@ class Runs(list):
         ax.set_ylabel(metric)
         ax.legend(fontsize='small')
         fig.subplots_adjust(left=0.1, right=0.97, bottom=0.13, top=0.95)
-        if path is not None: fig.savefig(path, dpi=100)
+        if path is not None:
+            fig.savefig(path, dpi=100)
         return fig
 
     def best(self, monitor=None, mode=None):
@@ -758,7 +1103,8 @@ class Runs(list):
         if monitor is None:
             scored = [r for r in self if r.best['value'] is not None]
             kinds = sorted({(r.monitor, r.mode) for r in scored})
-            if len(kinds) > 1: raise ValueError(f'these runs monitor different things {kinds}: pass monitor= and mode=')
+            if len(kinds) > 1:
+                raise ValueError(f'these runs monitor different things {kinds}: pass monitor= and mode=')
             mode = mode or (kinds[0][1] if kinds else 'min')
             value = {r.id: r.best['value'] for r in scored}
         else:
@@ -766,51 +1112,86 @@ class Runs(list):
             pick = min if mode == 'min' else max
             value = {}
             for r in self:
-                values = [v for row in r.history if (v := monitored_value(row, monitor)) is not None and not math.isnan(v)]
-                if values: value[r.id] = pick(values)
+                values = [
+                    v for row in r.history if (v := monitored_value(row, monitor)) is not None and not math.isnan(v)
+                ]
+                if values:
+                    value[r.id] = pick(values)
             scored = [r for r in self if r.id in value]
-        if mode not in ('min', 'max'): raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        if not scored: raise ValueError('no run has a best value yet' if monitor is None else f'no run has {monitor!r} in its history')
+        if mode not in ('min', 'max'):
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        if not scored:
+            raise ValueError(
+                'no run has a best value yet' if monitor is None else f'no run has {monitor!r} in its history'
+            )
         return (min if mode == 'min' else max)(scored, key=lambda r: value[r.id])
 
 # %% ../nbs/18_track.ipynb #99176fd3
 def _seconds(text):
     "A number of seconds >= 0 (`inf`: never), for --stale-after."
-    try: value = float(text)
-    except ValueError: value = math.nan
-    if not value >= 0: raise argparse.ArgumentTypeError(f'must be a number of seconds >= 0, got {text!r}')
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f'must be a number of seconds >= 0, got {text!r}')
     return value
+
 
 def main(argv=None):
     "The `nbtrainer-runs` command: print the runs of an experiment database, newest first."
-    parser = argparse.ArgumentParser(prog='nbtrainer-runs', description='Print the runs of an nbtrainer experiment database, newest first.')
+    parser = argparse.ArgumentParser(
+        prog='nbtrainer-runs', description='Print the runs of an nbtrainer experiment database, newest first.'
+    )
     parser.add_argument('db', help='the experiment database, e.g. runs/experiments.db')
     parser.add_argument('--study', help='only the runs of this study')
-    parser.add_argument('--stale-after', type=_seconds, default=None,
-                        help=f'seconds without a heartbeat after which a running run reads as died (default: {DIED_AFTER_BEATS} beats)')
+    parser.add_argument(
+        '--stale-after',
+        type=_seconds,
+        default=None,
+        help=f'seconds without a heartbeat after which a running run reads as died (default: {DIED_AFTER_BEATS} beats)',
+    )
     args = parser.parse_args(argv)
-    try: found = runs(args.db, study=args.study, stale_after=args.stale_after)
-    except (OSError, ValueError, sqlite3.Error) as e: parser.exit(2, f'nbtrainer-runs: error: {_printable(str(e))}\n')
+    try:
+        found = runs(args.db, study=args.study, stale_after=args.stale_after)
+    except (OSError, ValueError, sqlite3.Error) as e:
+        parser.exit(2, f'nbtrainer-runs: error: {_printable(str(e))}\n')
     print(found)
-    if any(r.parent for r in found): print('\nforks:\n' + found.tree())
+    if any(r.parent for r in found):
+        print('\nforks:\n' + found.tree())
 
 # %% ../nbs/18_track.ipynb #bdb1c2cb
-_MLFLOW_STATUS = {'finished': 'FINISHED', 'stopped': 'FINISHED', 'preempted': 'KILLED', 'interrupted': 'KILLED', 'failed': 'FAILED'}
+_MLFLOW_STATUS = {
+    'finished': 'FINISHED',
+    'stopped': 'FINISHED',
+    'preempted': 'KILLED',
+    'interrupted': 'KILLED',
+    'failed': 'FAILED',
+}
+
 
 class MLflowLogger(Callback):
     "Log a fit as an MLflow run: params, each evaluation's metrics, the training loss every `log_every` steps, tags and the final checkpoint."
+
     order = Order.WRITE
     side_effects = main_process_only = True  # under DDP rank 0 alone logs
 
     def __init__(self, tracking_uri=None, experiment=None, run_name=None, log_every=10, config=None, tags=None):
-        if not (isinstance(log_every, int) and log_every > 0): raise ValueError(f'log_every must be an int > 0, got {log_every!r}')
-        self.tracking_uri, self.experiment, self.run_name, self.log_every = tracking_uri, experiment, run_name, log_every
+        if not (isinstance(log_every, int) and log_every > 0):
+            raise ValueError(f'log_every must be an int > 0, got {log_every!r}')
+        self.tracking_uri, self.experiment, self.run_name, self.log_every = (
+            tracking_uri,
+            experiment,
+            run_name,
+            log_every,
+        )
         self.config, self.tags = dict(config or {}), {str(k): str(v) for k, v in (tags or {}).items()}
         self.client = self.run_id = None
         self._open, self._resume, self._logged, self._done = False, None, None, set()
 
     def before_fit(self):
-        try: from mlflow.tracking import MlflowClient
+        try:
+            from mlflow.tracking import MlflowClient
         except ImportError as e:
             raise ImportError("MLflowLogger needs mlflow: pip install 'nbtrainer[mlflow]' (or mlflow)") from e
         recorder = self.learn.recorder
@@ -827,26 +1208,37 @@ class MLflowLogger(Callback):
 
     def _experiment_id(self):
         name = self.experiment or os.environ.get('MLFLOW_EXPERIMENT_NAME')
-        if name is None: return os.environ.get('MLFLOW_EXPERIMENT_ID', '0')  # MLflow's Default experiment
+        if name is None:
+            return os.environ.get('MLFLOW_EXPERIMENT_ID', '0')  # MLflow's Default experiment
         found = self.client.get_experiment_by_name(name)
-        if found is not None: return found.experiment_id
-        try: return self.client.create_experiment(name)
+        if found is not None:
+            return found.experiment_id
+        try:
+            return self.client.create_experiment(name)
         except Exception:  # another process created it meanwhile
             found = self.client.get_experiment_by_name(name)
-            if found is None: raise
+            if found is None:
+                raise
             return found.experiment_id
 
     def _new_run(self):
         from mlflow.entities import Param
+
         command, notebook = reproduce_command(), notebook_path()
         commit, dirty = git_state(Path(notebook).parent if notebook and Path(notebook).parent.is_dir() else None)
-        tags = {'nbtrainer.host': socket.gethostname(), 'mlflow.source.name': notebook or (sys.argv[0] if sys.argv else '')}
-        if command: tags['nbtrainer.command'] = command
-        if commit: tags.update({'mlflow.source.git.commit': commit, 'nbtrainer.git_dirty': str(dirty)})
+        tags = {
+            'nbtrainer.host': socket.gethostname(),
+            'mlflow.source.name': notebook or (sys.argv[0] if sys.argv else ''),
+        }
+        if command:
+            tags['nbtrainer.command'] = command
+        if commit:
+            tags.update({'mlflow.source.git.commit': commit, 'nbtrainer.git_dirty': str(dirty)})
         run = self.client.create_run(self._experiment_id(), run_name=self.run_name, tags={**tags, **self.tags})
         config = {**fit_config(self.learn), **self.config}
         params = [Param(k, (v if isinstance(v, str) else _json(_plain(v)))[:6000]) for k, v in config.items()]
-        for i in range(0, len(params), 100): self.client.log_batch(run.info.run_id, params=params[i:i + 100])  # MLflow's limit
+        for i in range(0, len(params), 100):
+            self.client.log_batch(run.info.run_id, params=params[i : i + 100])  # MLflow's limit
         return run.info.run_id
 
     def _points(self):
@@ -857,9 +1249,11 @@ class MLflowLogger(Callback):
     def _log(self, points):
         "Log [(key, value, step)] in batches, less the points the run already has."
         from mlflow.entities import Metric
+
         now = int(wall() * 1000)
         metrics = [Metric(k, float(v), now, int(s)) for k, v, s in points if (k, s) not in self._done]
-        for i in range(0, len(metrics), 1000): self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+        for i in range(0, len(metrics), 1000):
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
 
     def _write_windows(self, final=False):
         recorder = self.learn.recorder
@@ -869,42 +1263,57 @@ class MLflowLogger(Callback):
 
     def after_eval(self):
         row = self.learn.eval_row
-        self._log([(k, v, row['step']) for k, v in row.items() if k not in ('epoch', 'step', 'lr', 'time')
-                   and isinstance(v, (int, float)) and not isinstance(v, bool)])
+        self._log(
+            [
+                (k, v, row['step'])
+                for k, v in row.items()
+                if k not in ('epoch', 'step', 'lr', 'time') and isinstance(v, (int, float)) and not isinstance(v, bool)
+            ]
+        )
         self._write_windows()
 
-    def after_epoch(self): self._write_windows()
+    def after_epoch(self):
+        self._write_windows()
 
     def after_fit(self):
-        if not self._open: return  # the fit failed before this logger started
+        if not self._open:
+            return  # the fit failed before this logger started
         learn = self.learn
         outcome, error = learn.fit_outcome, learn.fit_exception
         try:
             self._write_windows(final=True)
             self.client.set_tag(self.run_id, 'nbtrainer.outcome', outcome)
-            if error is not None and str(error): self.client.set_tag(self.run_id, 'nbtrainer.message', f'{type(error).__name__}: {error}'[:5000])
+            if error is not None and str(error):
+                self.client.set_tag(self.run_id, 'nbtrainer.message', f'{type(error).__name__}: {error}'[:5000])
             checkpointer = next((cb for cb in learn.cbs if getattr(cb, 'keeps_checkpoints', False)), None)
             latest = checkpointer.latest() if checkpointer is not None else None
-            if latest is not None: self.client.log_artifact(self.run_id, str(latest), artifact_path='checkpoints')
+            if latest is not None:
+                self.client.log_artifact(self.run_id, str(latest), artifact_path='checkpoints')
         finally:
             self._open = False
             self.client.set_terminated(self.run_id, status=_MLFLOW_STATUS.get(outcome, 'FAILED'))
 
     def state_dict(self):
-        if not self._open: return {}
+        if not self._open:
+            return {}
         self._write_windows()  # whole windows only, so the resumed fit logs the same windows
         return {'run_id': self.run_id, 'logged': self._logged}
 
     def check_state(self, state):  # a file-based tracking store keeps a run in a folder named by its id
-        if state and not (isinstance(state.get('run_id'), str) and re.fullmatch(r'[0-9a-f]{32}', state['run_id'])
-                          and isinstance(state.get('logged'), int)):
+        if state and not (
+            isinstance(state.get('run_id'), str)
+            and re.fullmatch(r'[0-9a-f]{32}', state['run_id'])
+            and isinstance(state.get('logged'), int)
+        ):
             raise ValueError(f"its MLflowLogger state names run {state.get('run_id')!r}, not an MLflow run id")
 
     def load_state_dict(self, state):
         self.check_state(state)
-        if state: self._resume = dict(state)
+        if state:
+            self._resume = dict(state)
 
     def after_fork(self):
         "The Learner was forked: its next fit is a new run whose parent is the run of the fork point, at its step."
         resume, self._resume = self._resume, None
-        if resume is not None: self._parent = {'run': resume['run'], 'step': self.learn.progress.parent['step']}
+        if resume is not None:
+            self._parent = {'run': resume['run'], 'step': self.learn.progress.parent['step']}

@@ -6,6 +6,7 @@ CONFIG_JSON holds precision, accumulate, world, subset, kill, loggers, train_met
 (rank 0's weights, steps, history and loss scale) when the fit completes; with --kill-at every rank SIGKILLs itself
 right after that optimizer step, as a lost machine would.
 """
+
 import json, os, signal, sys
 from pathlib import Path
 
@@ -32,34 +33,56 @@ def model():
 
 class KillAt(Callback):
     "SIGKILL this process right after optimizer step `step`, once the Checkpointer has saved it."
+
     order = Order.CONTROL + 10
     run_valid = False
-    def __init__(self, step): self.step = step
+
+    def __init__(self, step):
+        self.step = step
+
     def after_batch(self):
-        if self.learn.step == self.step and not self.learn.accumulating: os.kill(os.getpid(), signal.SIGKILL)
+        if self.learn.step == self.step and not self.learn.accumulating:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def train(cfg, out, kill_at, resume):
     cbs = []
-    if cfg['kill']: cbs.append(Checkpointer(out / 'ckpt', every_steps=1, keep_last=2, monitor='valid_loss'))
-    if cfg['loggers']: cbs += [CSVLogger(out / 'log.csv'), TensorBoardLogger(out / 'tb', run_name='run', log_every=2)]
-    if kill_at: cbs.append(KillAt(kill_at))
+    if cfg['kill']:
+        cbs.append(Checkpointer(out / 'ckpt', every_steps=1, keep_last=2, monitor='valid_loss'))
+    if cfg['loggers']:
+        cbs += [CSVLogger(out / 'log.csv'), TensorBoardLogger(out / 'tb', run_name='run', log_every=2)]
+    if kill_at:
+        cbs.append(KillAt(kill_at))
     extra = {'train_metrics': ('accuracy',)} if cfg.get('train_metrics') else {}
-    learn = Learner(model(), DataLoader(data(N_TRAIN, 0), batch_size=B // cfg['world']),
-                    DataLoader(data(N_VALID, 1), batch_size=5), opt_func=torch.optim.Adam, lr=0.05,
-                    precision=cfg['precision'], accumulate=cfg['accumulate'], progress=False, cbs=cbs, **extra)
+    learn = Learner(
+        model(),
+        DataLoader(data(N_TRAIN, 0), batch_size=B // cfg['world']),
+        DataLoader(data(N_VALID, 1), batch_size=5),
+        opt_func=torch.optim.Adam,
+        lr=0.05,
+        precision=cfg['precision'],
+        accumulate=cfg['accumulate'],
+        progress=False,
+        cbs=cbs,
+        **extra,
+    )
     learn.fit(EPOCHS, eval_subset=7 if cfg['subset'] else None, resume=True if resume else None)
     scaler = learn.precision.scaler
-    return {'model': {k: v.clone() for k, v in plain_state_dict(learn.model.state_dict()).items()}, 'step': learn.step,
-            'history': [{k: v for k, v in r.items() if k != 'time'} for r in learn.recorder.history],
-            'scale': scaler.get_scale() if scaler is not None else None}
+    return {
+        'model': {k: v.clone() for k, v in plain_state_dict(learn.model.state_dict()).items()},
+        'step': learn.step,
+        'history': [{k: v for k, v in r.items() if k != 'time'} for r in learn.recorder.history],
+        'scale': scaler.get_scale() if scaler is not None else None,
+    }
 
 
 def main(cfg, out, kill_at=None, resume=False):
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
-    if cfg['world'] == 1: result = train(cfg, out, kill_at, resume)
-    else: result = launch(train, nprocs=cfg['world'], args=(cfg, out, kill_at, resume))
+    if cfg['world'] == 1:
+        result = train(cfg, out, kill_at, resume)
+    else:
+        result = launch(train, nprocs=cfg['world'], args=(cfg, out, kill_at, resume))
     torch.save(result, out / 'final.pt')
 
 

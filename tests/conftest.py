@@ -11,9 +11,19 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent  # console scripts of the environment running pytest
 
 # Debian's Chromium for browser tests (never `playwright install`: it downloads, and fails offline)
-CHROMIUM = next(filter(None, map(shutil.which, ('chromium', 'google-chrome'))), '/usr/bin/chromium')  # Debian; GitHub runners
-CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-                 '--disable-background-networking', '--disable-component-update', '--disable-sync']
+CHROMIUM = next(
+    filter(None, map(shutil.which, ('chromium', 'google-chrome'))), '/usr/bin/chromium'
+)  # Debian; GitHub runners
+CHROMIUM_ARGS = [
+    '--headless',
+    '--no-sandbox',
+    '--disable-gpu',
+    '--disable-quic',
+    '--no-first-run',
+    '--disable-background-networking',
+    '--disable-component-update',
+    '--disable-sync',
+]
 
 # jsonschema (which nbformat imports) builds an Earley parser for IRIs at import when the optional rfc3987-syntax is
 # installed: 1 to 4 s in every pytest process, for a string format nbformat never checks. Without it, no IRI checker.
@@ -28,6 +38,7 @@ def one_process_group_at_a_time(request, tmp_path_factory):
         yield
         return
     import fcntl
+
     run_folder = tmp_path_factory.getbasetemp().parent  # each worker's base folder is in the run's
     with open(run_folder / 'process-groups.lock', 'w') as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

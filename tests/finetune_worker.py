@@ -4,6 +4,7 @@
 
 Shuffled data, dropout, BatchNorm, AdamW, checkpoints every 2 steps; writes FOLDER/final.pt when the fit completes.
 """
+
 import sys, time
 from pathlib import Path
 
@@ -27,13 +28,16 @@ def make_model():
 
 
 class Slow(Callback):
-    def after_batch(self): time.sleep(0.05)
+    def after_batch(self):
+        time.sleep(0.05)
 
 
 class Unfreeze(Callback):
     "Unfreeze the body at a step; a resumed run from a later checkpoint must already be unfrozen."
+
     def before_batch(self):
-        if self.learn.step == UNFREEZE_AT and self.learn.training: self.learn.unfreeze()
+        if self.learn.step == UNFREEZE_AT and self.learn.training:
+            self.learn.unfreeze()
 
 
 def main(folder, resume=False, slow=False, plateau=True):
@@ -43,14 +47,30 @@ def main(folder, resume=False, slow=False, plateau=True):
     ema = EMA(decay=DECAY, warmup=WARMUP)
     cbs = [Checkpointer(folder / 'checkpoints', every_steps=2, keep_last=2), ema, Unfreeze()]
     cbs += ([ReduceLROnPlateau(factor=0.5, patience=0, threshold=0.1)] if plateau else []) + ([Slow()] if slow else [])
-    learn = Learner(model, DataLoader(ds, batch_size=16, shuffle=True), DataLoader(ds, batch_size=64),
-                    splitter=head_body, lr=slice(*LRS), metrics=('accuracy',), cbs=cbs, progress=False)
+    learn = Learner(
+        model,
+        DataLoader(ds, batch_size=16, shuffle=True),
+        DataLoader(ds, batch_size=64),
+        splitter=head_body,
+        lr=slice(*LRS),
+        metrics=('accuracy',),
+        cbs=cbs,
+        progress=False,
+    )
     learn.freeze()  # as a script that always starts frozen: a resume past the unfreeze must not stay frozen
     learn.fit(4, eval_every=5, resume=resume)
     history = [{k: v for k, v in row.items() if k != 'time'} for row in learn.recorder.history]
-    torch.save({'model': learn.model.state_dict(), 'ema': ema.averaged, 'history': history, 'step': learn.step,
-                'lrs': [g['lr'] for g in learn.opt.param_groups], 'frozen': learn.param_groups.frozen},
-               folder / 'final.pt')
+    torch.save(
+        {
+            'model': learn.model.state_dict(),
+            'ema': ema.averaged,
+            'history': history,
+            'step': learn.step,
+            'lrs': [g['lr'] for g in learn.opt.param_groups],
+            'frozen': learn.param_groups.frozen,
+        },
+        folder / 'final.pt',
+    )
 
 
 if __name__ == '__main__':

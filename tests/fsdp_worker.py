@@ -8,6 +8,7 @@ mid-fit. At the end every rank takes part in gathering the whole weights and the
 a last sharded save (FOLDER/last.pt, a folder); rank 0 saves FOLDER/final.pt (weights, predictions, step, history
 without times, and the step the fit started at).
 """
+
 import os, sys, time
 from pathlib import Path
 
@@ -28,16 +29,21 @@ def data():
     return TensorDataset(torch.randn(320, 8, generator=g), torch.randint(0, 3, (320,), generator=g))
 
 
-def probe_inputs(): return torch.randn(16, 8, generator=torch.Generator().manual_seed(2))
+def probe_inputs():
+    return torch.randn(16, 8, generator=torch.Generator().manual_seed(2))
 
 
 class StartStep(Callback):
     "The step the fit starts at: after a resume, the checkpoint's."
-    def before_fit(self): self.step = self.learn.step
+
+    def before_fit(self):
+        self.step = self.learn.step
 
 
 class Slow(Callback):
-    def __init__(self, folder): self.folder, self.told = folder, False
+    def __init__(self, folder):
+        self.folder, self.told = folder, False
+
     def after_batch(self):
         time.sleep(0.02)  # sleeping consumes no randomness
         if self.learn.step >= 10 and not self.told:
@@ -52,22 +58,40 @@ def main(folder, resume=False, slow=False, accumulate=1, precision='fp32'):
     ds = data()
     start = StartStep()
     cbs = [Checkpointer(folder / 'checkpoints', every_steps=4, keep_last=2), start] + ([Slow(folder)] if slow else [])
-    learn = Learner(make_model(), DataLoader(ds, batch_size=8, shuffle=True), DataLoader(ds, batch_size=64), lr=1e-2,
-                    opt_func=torch.optim.AdamW, accumulate=accumulate, precision=precision, clip_grad_norm=1.0,
-                    progress=False, strategy=FSDP(wrap=nn.Linear), cbs=cbs)
+    learn = Learner(
+        make_model(),
+        DataLoader(ds, batch_size=8, shuffle=True),
+        DataLoader(ds, batch_size=64),
+        lr=1e-2,
+        opt_func=torch.optim.AdamW,
+        accumulate=accumulate,
+        precision=precision,
+        clip_grad_norm=1.0,
+        progress=False,
+        strategy=FSDP(wrap=nn.Linear),
+        cbs=cbs,
+    )
     learn.fit(3, resume=resume)
     weights = {k: v.full_tensor() for k, v in learn.model.state_dict().items()}  # a collective
     learn.model.eval()
-    with torch.no_grad(): preds = learn.model(probe_inputs())  # a collective too: every rank runs it
+    with torch.no_grad():
+        preds = learn.model(probe_inputs())  # a collective too: every rank runs it
     learn.save(folder / 'last.pt')
     if learn.main_process:
         history = [{k: v for k, v in row.items() if k != 'time'} for row in learn.recorder.history]
-        torch.save({'model': weights, 'preds': preds, 'step': learn.step, 'history': history,
-                    'start': start.step}, folder / 'final.pt')
+        torch.save(
+            {'model': weights, 'preds': preds, 'step': learn.step, 'history': history, 'start': start.step},
+            folder / 'final.pt',
+        )
 
 
 if __name__ == '__main__':
     args = sys.argv[1:]
     opt = lambda name, default: type(default)(args[args.index(name) + 1]) if name in args else default
-    main(args[0], resume='--resume' in args, slow='--slow' in args, accumulate=opt('--accumulate', 1),
-         precision=opt('--precision', 'fp32'))
+    main(
+        args[0],
+        resume='--resume' in args,
+        slow='--slow' in args,
+        accumulate=opt('--accumulate', 1),
+        precision=opt('--precision', 'fp32'),
+    )

@@ -6,6 +6,7 @@ Shuffled data, dropout, Adam, a Checkpointer (every 1000 steps: only the preempt
 window) and a Tracker. With --slow it sleeps 20 ms a batch and touches FOLDER/started-<rank> after step 5, so that a
 test can signal it mid-fit. Rank 0 saves FOLDER/final.pt (weights, step, history without times) when the fit ends.
 """
+
 import os, sys, time
 from pathlib import Path
 
@@ -17,7 +18,9 @@ from nbtrainer import Callback, Checkpointer, Learner, Tracker
 
 
 class Slow(Callback):
-    def __init__(self, folder): self.folder, self.told = folder, False
+    def __init__(self, folder):
+        self.folder, self.told = folder, False
+
     def after_batch(self):
         time.sleep(0.02)  # sleeping consumes no randomness
         if self.learn.step >= 5 and not self.told:
@@ -34,8 +37,16 @@ def main(folder, resume=False, slow=False, accumulate=1):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 3))
     cbs = [Checkpointer(folder / 'checkpoints', every_steps=1000, keep_last=2), Tracker(folder / 'runs.db')]
-    learn = Learner(model, DataLoader(ds, batch_size=8, shuffle=True), DataLoader(ds, batch_size=64), lr=1e-2,
-                    opt_func=torch.optim.Adam, accumulate=accumulate, progress=False, cbs=cbs + ([Slow(folder)] if slow else []))
+    learn = Learner(
+        model,
+        DataLoader(ds, batch_size=8, shuffle=True),
+        DataLoader(ds, batch_size=64),
+        lr=1e-2,
+        opt_func=torch.optim.Adam,
+        accumulate=accumulate,
+        progress=False,
+        cbs=cbs + ([Slow(folder)] if slow else []),
+    )
     learn.fit(3, resume=resume)
     if learn.main_process:
         history = [{k: v for k, v in row.items() if k != 'time'} for row in learn.recorder.history]

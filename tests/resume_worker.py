@@ -4,6 +4,7 @@
 
 Writes FOLDER/final.pt (weights, history without times, per-batch losses) when the fit completes.
 """
+
 import sys, time
 from pathlib import Path
 
@@ -16,7 +17,9 @@ from nbtrainer import Callback, Checkpointer, CSVLogger, Learner, TensorBoardLog
 
 class Slow(Callback):
     "Give a test time to kill the process mid-run; sleeping consumes no randomness."
-    def after_batch(self): time.sleep(0.05)
+
+    def after_batch(self):
+        time.sleep(0.05)
 
 
 def main(folder, resume=False, slow=False):
@@ -26,13 +29,25 @@ def main(folder, resume=False, slow=False):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 3))
     train = DataLoader(ds, batch_size=16, shuffle=True)  # order drawn from the global generator each epoch
-    cbs = [Checkpointer(folder / 'checkpoints', every_steps=2, keep_last=2), CSVLogger(folder / 'log.csv'),
-           TensorBoardLogger(folder / 'tb', run_name='run', log_every=3)] + ([Slow()] if slow else [])
-    learn = Learner(model, train, DataLoader(ds, batch_size=64), lr=1e-2, metrics=('accuracy',), cbs=cbs, progress=False)
+    cbs = [
+        Checkpointer(folder / 'checkpoints', every_steps=2, keep_last=2),
+        CSVLogger(folder / 'log.csv'),
+        TensorBoardLogger(folder / 'tb', run_name='run', log_every=3),
+    ] + ([Slow()] if slow else [])
+    learn = Learner(
+        model, train, DataLoader(ds, batch_size=64), lr=1e-2, metrics=('accuracy',), cbs=cbs, progress=False
+    )
     learn.fit(4, eval_every=5, resume=resume)
     history = [{k: v for k, v in row.items() if k != 'time'} for row in learn.recorder.history]
-    torch.save({'model': learn.model.state_dict(), 'history': history, 'losses': learn.recorder.train_losses,
-                'step': learn.step}, folder / 'final.pt')
+    torch.save(
+        {
+            'model': learn.model.state_dict(),
+            'history': history,
+            'losses': learn.recorder.train_losses,
+            'step': learn.step,
+        },
+        folder / 'final.pt',
+    )
 
 
 if __name__ == '__main__':

@@ -1,4 +1,5 @@
 """`Learner(compile=True)`: a compiled fit matches an eager one, and its checkpoint loads into a bare model."""
+
 import pytest
 import torch
 import torch.nn as nn

@@ -1,4 +1,5 @@
 """The main job as a user runs it: the `nbtrainer-demo` command in a subprocess."""
+
 import csv, subprocess
 
 import pytest
@@ -9,8 +10,12 @@ pytestmark = pytest.mark.slow  # the command in a subprocess: a fresh interprete
 
 
 def test_demo_trains_and_writes_plot_and_csv(tmp_path):
-    run = subprocess.run([str(BIN / 'nbtrainer-demo'), '--epochs', '6', '--out', str(tmp_path / 'digits')],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [str(BIN / 'nbtrainer-demo'), '--epochs', '6', '--out', str(tmp_path / 'digits')],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     assert 'epoch:' in run.stderr and 'loss=' in run.stderr  # console progress bars
     assert 'valid accuracy' in run.stdout
@@ -22,6 +27,7 @@ def test_demo_trains_and_writes_plot_and_csv(tmp_path):
 
 
 def test_demo_rejects_bad_arguments(tmp_path):
-    run = subprocess.run([str(BIN / 'nbtrainer-demo'), '--lr', '-1', '--out', str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [str(BIN / 'nbtrainer-demo'), '--lr', '-1', '--out', str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
     assert run.returncode != 0 and 'lr must be a finite number > 0' in run.stderr

@@ -3,6 +3,7 @@
 Each test starts its workers with `nbtrainer.distributed.launch` (fork), except the kill test, which runs the worker
 script the way torchrun would (environment variables) so that no watchdog helps the surviving rank.
 """
+
 import math, os, signal, subprocess, sys, time
 
 import pytest
@@ -15,9 +16,13 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from conftest import ROOT
 from nbtrainer import Callback, ConfusionMatrix, Learner, NonFiniteLossError, launch, rank, request_stop, world_size
 from nbtrainer.callback import dispatch_tables
+from nbtrainer.data import plain_model
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600),
-              pytest.mark.skipif(not dist.is_available() or sys.platform != 'linux', reason='needs torch.distributed and fork')]
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(not dist.is_available() or sys.platform != 'linux', reason='needs torch.distributed and fork'),
+]
 
 B, SEED = 4, 5  # per-rank batch size; the loader's shuffle seed
 
@@ -30,12 +35,15 @@ def dataset(n, seed=0):
 
 def make_model(bn=False):
     torch.manual_seed(1)
-    if bn: return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+    if bn:
+        return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
     return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
 
 
 def loader(ds, shuffle=True):
-    return DataLoader(ds, batch_size=B, shuffle=shuffle, generator=torch.Generator().manual_seed(SEED) if shuffle else None)
+    return DataLoader(
+        ds, batch_size=B, shuffle=shuffle, generator=torch.Generator().manual_seed(SEED) if shuffle else None
+    )
 
 
 def gather(obj):
@@ -47,8 +55,11 @@ def gather(obj):
 
 # ---- the same weights as one process on the global batch ----
 
+
 def train_ddp(opt_func, n, accumulate, epochs):
-    learn = Learner(make_model(), loader(dataset(n)), opt_func=opt_func, lr=0.05, metrics=(), accumulate=accumulate, progress=False)
+    learn = Learner(
+        make_model(), loader(dataset(n)), opt_func=opt_func, lr=0.05, metrics=(), accumulate=accumulate, progress=False
+    )
     learn.fit(epochs)
     return {k: v.clone() for k, v in learn.model.module.state_dict().items()}, learn.step
 
@@ -63,7 +74,7 @@ def global_batches(n, epochs, world=2):
             sampler.set_epoch(epoch)
             shards.append([i for j, i in enumerate(sampler) if r + j * world < n])  # position >= n: a repeat
         per_rank = math.ceil(n / world)
-        batches.append([sum((s[b:b + B] for s in shards), []) for b in range(0, per_rank, B)])
+        batches.append([sum((s[b : b + B] for s in shards), []) for b in range(0, per_rank, B)])
     return ds, batches
 
 
@@ -74,9 +85,10 @@ def hand_written(opt_func, n, accumulate, epochs, keep=None):
     opt = opt_func(model.parameters(), lr=0.05)
     steps = 0
     for batches in epochs_batches:
-        if keep is not None: batches = [[i for i in b if keep(i)] for b in batches]  # weight-0 rows left out
+        if keep is not None:
+            batches = [[i for i in b if keep(i)] for b in batches]  # weight-0 rows left out
         for w in range(0, len(batches), accumulate):
-            window = batches[w:w + accumulate]
+            window = batches[w : w + accumulate]
             count = sum(len(b) for b in window)
             for b in window:
                 x, y = ds[b]
@@ -87,14 +99,17 @@ def hand_written(opt_func, n, accumulate, epochs, keep=None):
     return model.state_dict(), steps
 
 
-@pytest.mark.parametrize('opt_func, n, accumulate', [
-    (torch.optim.SGD, 48, 1),   # even: 6 global batches of 8
-    (torch.optim.Adam, 48, 1),
-    (torch.optim.SGD, 45, 1),   # uneven: rank 1 repeats an example; last global batch 5 (3 + 2, one a repeat)
-    (torch.optim.Adam, 45, 1),
-    (torch.optim.SGD, 45, 2),   # accumulation over an uneven epoch end
-    (torch.optim.Adam, 46, 3),
-])
+@pytest.mark.parametrize(
+    'opt_func, n, accumulate',
+    [
+        (torch.optim.SGD, 48, 1),  # even: 6 global batches of 8
+        (torch.optim.Adam, 48, 1),
+        (torch.optim.SGD, 45, 1),  # uneven: rank 1 repeats an example; last global batch 5 (3 + 2, one a repeat)
+        (torch.optim.Adam, 45, 1),
+        (torch.optim.SGD, 45, 2),  # accumulation over an uneven epoch end
+        (torch.optim.Adam, 46, 3),
+    ],
+)
 def test_two_ranks_equal_one_process_with_the_global_batch(opt_func, n, accumulate):
     weights, steps = launch(train_ddp, nprocs=2, args=(opt_func, n, accumulate, 2))
     ref, ref_steps = hand_written(opt_func, n, accumulate, 2)
@@ -104,19 +119,36 @@ def test_two_ranks_equal_one_process_with_the_global_batch(opt_func, n, accumula
 
 class DictData(torch.utils.data.Dataset):
     "Dict examples; every 7th has weight 0 (padding the user added), which must count nowhere."
-    def __init__(self, n): self.x, self.y = dataset(n).tensors
-    def __len__(self): return len(self.y)
-    def __getitem__(self, i): return {'x': self.x[i], 'y': self.y[i], 'weight': torch.tensor(float(i % 7 != 3))}
+
+    def __init__(self, n):
+        self.x, self.y = dataset(n).tensors
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return {'x': self.x[i], 'y': self.y[i], 'weight': torch.tensor(float(i % 7 != 3))}
 
 
 class Keyword(nn.Module):
-    def __init__(self): super().__init__(); self.net = make_model()
-    def forward(self, x): return self.net(x)
+    def __init__(self):
+        super().__init__()
+        self.net = make_model()
+
+    def forward(self, x):
+        return self.net(x)
 
 
 def train_weighted(n, accumulate):
-    learn = Learner(Keyword(), loader(DictData(n)), opt_func=torch.optim.Adam, lr=0.05, metrics=(), accumulate=accumulate,
-                    progress=False)
+    learn = Learner(
+        Keyword(),
+        loader(DictData(n)),
+        opt_func=torch.optim.Adam,
+        lr=0.05,
+        metrics=(),
+        accumulate=accumulate,
+        progress=False,
+    )
     learn.fit(2)
     return {k: v.clone() for k, v in learn.model.module.net.state_dict().items()}
 
@@ -131,16 +163,28 @@ def test_weighted_batches_equal_one_process_without_the_zero_weight_rows(n, accu
 
 class CountSyncs(Callback):
     "Records, per training batch, whether DDP was going to all-reduce this batch's gradients."
+
     order = 1  # after DistributedTrainer set it in before_batch
-    def __init__(self): self.syncs = []
+
+    def __init__(self):
+        self.syncs = []
+
     def before_batch(self):
-        if self.learn.training: self.syncs.append(self.learn.model.require_backward_grad_sync)
+        if self.learn.training:
+            self.syncs.append(self.learn.model.require_backward_grad_sync)
 
 
 def train_counting_syncs():
     counter = CountSyncs()
-    learn = Learner(make_model(), loader(dataset(40)), opt_func=torch.optim.SGD, metrics=(), accumulate=2, progress=False,
-                    cbs=[counter])
+    learn = Learner(
+        make_model(),
+        loader(dataset(40)),
+        opt_func=torch.optim.SGD,
+        metrics=(),
+        accumulate=2,
+        progress=False,
+        cbs=[counter],
+    )
     learn.fit(1)
     return counter.syncs
 
@@ -152,18 +196,22 @@ def test_accumulation_skips_the_all_reduce_on_non_final_micro_batches():
 
 # ---- metrics over all ranks ----
 
+
 def validate_ddp(n):
     x, y = dataset(n, seed=3).tensors
     valid = DataLoader(TensorDataset(x, y), batch_size=5)
-    learn = Learner(make_model(), loader(dataset(16)), valid, metrics=('accuracy', 'f1', 'mcc', ConfusionMatrix()),
-                    progress=False)
-    with torch.no_grad(): preds = learn.model.module(x)
+    learn = Learner(
+        make_model(), loader(dataset(16)), valid, metrics=('accuracy', 'f1', 'mcc', ConfusionMatrix()), progress=False
+    )
+    with torch.no_grad():
+        preds = learn.model.module(x)
     return learn.validate(), preds
 
 
 @pytest.mark.parametrize('n', [30, 31])  # 31: the sampler repeats one example, which must count nowhere
 def test_metrics_on_two_ranks_equal_one_process(n):
     from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, matthews_corrcoef
+
     values, preds = launch(validate_ddp, nprocs=2, args=(n,))
     _, y = dataset(n, seed=3).tensors
     labels = preds.argmax(1)
@@ -177,7 +225,7 @@ def test_metrics_on_two_ranks_equal_one_process(n):
 
 def validate_list():
     x, y = dataset(30, seed=3).tensors
-    batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 30, 8)]  # not a DataLoader: each rank evaluates all of it
+    batches = [(x[i : i + 8], y[i : i + 8]) for i in range(0, 30, 8)]  # not a DataLoader: each rank evaluates all of it
     learn = Learner(make_model(), loader(dataset(16)), batches, metrics=(ConfusionMatrix(),), progress=False)
     return learn.validate()['confusion_matrix']
 
@@ -189,15 +237,27 @@ def test_an_evaluation_iterable_that_is_not_a_loader_is_not_summed_twice():
 def fit_history(world, train_metrics=('accuracy',), cbs=(), epochs=3):
     "Rows of a fit of 2 ranks with batch B each, or of one process with batch 2B: the same global batches."
     valid = DataLoader(dataset(31, seed=3), batch_size=5)
-    train = DataLoader(dataset(45), batch_size=B * 2 // world)  # in order: global batch i is the same examples either way
-    learn = Learner(make_model(), train, valid, opt_func=torch.optim.Adam, lr=0.05, train_metrics=train_metrics,
-                    metrics=('accuracy', balanced_accuracy), progress=False, cbs=list(cbs))
+    train = DataLoader(
+        dataset(45), batch_size=B * 2 // world
+    )  # in order: global batch i is the same examples either way
+    learn = Learner(
+        make_model(),
+        train,
+        valid,
+        opt_func=torch.optim.Adam,
+        lr=0.05,
+        train_metrics=train_metrics,
+        metrics=('accuracy', balanced_accuracy),
+        progress=False,
+        cbs=list(cbs),
+    )
     learn.fit(epochs)
     return [{k: v for k, v in r.items() if k != 'time'} for r in learn.recorder.history], learn.step
 
 
 def balanced_accuracy(preds, targets):
     from sklearn.metrics import balanced_accuracy_score
+
     return balanced_accuracy_score(targets, preds.argmax(1))
 
 
@@ -218,6 +278,7 @@ def test_training_rows_are_global_and_function_metrics_see_every_rank():
 
 def early_stopped(world):
     from nbtrainer import EarlyStopping
+
     rows, step = fit_history(world, (), [EarlyStopping(monitor='valid_loss', patience=1)], epochs=30)
     return gather(step) if world > 1 else step
 
@@ -229,16 +290,19 @@ def test_early_stopping_stops_every_rank_where_one_process_stops():
 
 # ---- checkpoints ----
 
+
 def train_bn_and_save(path):
     learn = Learner(make_model(bn=True), loader(dataset(40)), metrics=(), progress=False)
     learn.fit(1)
     model = learn.model.module
     model.train()
-    with torch.no_grad(): model(dataset(8, seed=10 + rank()).tensors[0])  # each rank's BatchNorm statistics drift apart
+    with torch.no_grad():
+        model(dataset(8, seed=10 + rank()).tensors[0])  # each rank's BatchNorm statistics drift apart
     stats = gather(model[1].running_mean.clone())
     learn.save(path)  # every rank calls it; rank 0 writes
     model.eval()
-    with torch.no_grad(): preds = learn.model(dataset(20, seed=7).tensors[0])
+    with torch.no_grad():
+        preds = learn.model(dataset(20, seed=7).tensors[0])
     return stats, preds, model[1].running_mean.clone()
 
 
@@ -252,19 +316,22 @@ def test_checkpoint_under_ddp_loads_into_a_bare_model(tmp_path):
     bare = make_model(bn=True)
     bare.load_state_dict(state)  # plain keys: no DDP 'module.' prefix
     bare.eval()
-    with torch.no_grad(): assert torch.equal(bare(dataset(20, seed=7).tensors[0]), preds)
+    with torch.no_grad():
+        assert torch.equal(bare(dataset(20, seed=7).tensors[0]), preds)
 
 
 def train_ghost_bn(path):
     "GhostBatchNorm keeps running statistics like BatchNorm: they must be averaged over the ranks the same way."
     from nbtrainer import GhostBatchNorm
+
     torch.manual_seed(1)
     model = nn.Sequential(nn.Linear(6, 16), GhostBatchNorm(16, virtual_batch_size=2), nn.ReLU(), nn.Linear(16, 3))
     learn = Learner(model, loader(dataset(40)), metrics=(), progress=False)
     learn.fit(1)
     ghost = learn.model.module[1]
     ghost.train()
-    with torch.no_grad(): learn.model.module(dataset(8, seed=10 + rank()).tensors[0])  # each rank's statistics drift apart
+    with torch.no_grad():
+        learn.model.module(dataset(8, seed=10 + rank()).tensors[0])  # each rank's statistics drift apart
     stats = gather(ghost.running_mean.clone())
     learn.save(path)  # averages them first
     return stats, ghost.running_mean.clone(), learn.validate()['valid_loss'] if learn.valid_dl else None
@@ -279,16 +346,24 @@ def test_ghost_batchnorm_statistics_are_averaged_over_the_ranks(tmp_path):
 
 # ---- only rank 0 writes ----
 
+
 def train_with_writers(folder, strategy='auto'):
     from nbtrainer import Checkpointer, CSVLogger, LivePlot, SavePredictions, TensorBoardLogger, Tracker
+
     mine = folder / f'rank{rank()}'  # each rank's writers point at its own folder: only rank 0's may appear
 
     def learner():
-        cbs = [CSVLogger(mine / 'log.csv'), TensorBoardLogger(mine / 'tb', run_name='run'),
-               Checkpointer(folder / 'ckpt', keep_last=1), LivePlot(path=mine / 'live.png'),
-               SavePredictions([0, 1], path=mine / 'preds.pt'), Tracker(mine / 'runs.db')]
-        return Learner(make_model(), loader(dataset(40)), DataLoader(dataset(21, seed=3), batch_size=8), cbs=cbs,
-                       strategy=strategy)
+        cbs = [
+            CSVLogger(mine / 'log.csv'),
+            TensorBoardLogger(mine / 'tb', run_name='run'),
+            Checkpointer(folder / 'ckpt', keep_last=1),
+            LivePlot(path=mine / 'live.png'),
+            SavePredictions([0, 1], path=mine / 'preds.pt'),
+            Tracker(mine / 'runs.db'),
+        ]
+        return Learner(
+            make_model(), loader(dataset(40)), DataLoader(dataset(21, seed=3), batch_size=8), cbs=cbs, strategy=strategy
+        )
 
     learner().fit(2)
     learn = learner()
@@ -304,7 +379,9 @@ def test_only_rank_0_writes_files(tmp_path, strategy):
     written = {p.relative_to(tmp_path / 'rank0').parts[0] for p in (tmp_path / 'rank0').rglob('*') if p.is_file()}
     assert written == {'log.csv', 'tb', 'live.png', 'preds.pt', 'runs.db'}
     kept = sorted(p.name for p in (tmp_path / 'ckpt').iterdir())
-    assert 'epoch-2.pt' in kept and not [n for n in kept if n.startswith('.') and n != '.lock']  # rank 0's checkpoints, no leftovers
+    assert 'epoch-2.pt' in kept and not [
+        n for n in kept if n.startswith('.') and n != '.lock'
+    ]  # rank 0's checkpoints, no leftovers
     (cbs0, step0, acc0), (cbs1, step1, acc1) = per_rank
     assert step0 == step1 == 15 and acc0 == acc1  # the same decisions and the same global metrics
     writers = {'CSVLogger', 'LivePlot', 'ProgressCallback', 'TensorBoardLogger', 'Tracker'}
@@ -314,10 +391,14 @@ def test_only_rank_0_writes_files(tmp_path, strategy):
 
 # ---- stopping every rank together ----
 
+
 class StopAt(Callback):
-    def __init__(self, step): self.step = step
+    def __init__(self, step):
+        self.step = step
+
     def after_step(self):
-        if rank() == 0 and self.learn.step == self.step: request_stop(self.learn)  # e.g. a dashboard's Stop button
+        if rank() == 0 and self.learn.step == self.step:
+            request_stop(self.learn)  # e.g. a dashboard's Stop button
 
 
 def train_until_stopped():
@@ -332,12 +413,20 @@ def test_a_stop_on_rank_0_ends_every_rank_at_the_same_batch():
 
 def preempted_on_rank_1():
     from nbtrainer import Preemption
+
     class SignalOnRank1(Callback):  # what the OS does when only rank 1's machine is being taken back
         def after_step(self):
             if rank() == 1 and self.learn.step == 5:
                 next(cb for cb in self.learn.cbs if isinstance(cb, Preemption))._handle(signal.SIGUSR1, None)
-    learn = Learner(make_model(), loader(dataset(200)), metrics=(), progress=False, preemption=False,
-                    cbs=[Preemption(exit=False), SignalOnRank1()])
+
+    learn = Learner(
+        make_model(),
+        loader(dataset(200)),
+        metrics=(),
+        progress=False,
+        preemption=False,
+        cbs=[Preemption(exit=False), SignalOnRank1()],
+    )
     learn.fit(3)
     return gather((learn.fit_outcome, learn.step, str(learn.fit_exception)))
 
@@ -345,7 +434,8 @@ def preempted_on_rank_1():
 def test_a_signal_on_one_rank_preempts_every_rank_at_the_same_step():
     assert launch(preempted_on_rank_1, nprocs=2) == [
         ('preempted', 16, 'preempted by SIGUSR1 on another rank at step 16'),  # carried by the check every 16 batches
-        ('preempted', 16, 'preempted by SIGUSR1 at step 16')]
+        ('preempted', 16, 'preempted by SIGUSR1 at step 16'),
+    ]
 
 
 def all_reduces_per_fit(preemption):
@@ -357,18 +447,23 @@ def all_reduces_per_fit(preemption):
 
 
 def test_preemption_adds_no_collective_of_its_own():
-    with_it, without = launch(all_reduces_per_fit, nprocs=2, args=(True,)), launch(all_reduces_per_fit, nprocs=2, args=(False,))
+    with_it, without = (
+        launch(all_reduces_per_fit, nprocs=2, args=(True,)),
+        launch(all_reduces_per_fit, nprocs=2, args=(False,)),
+    )
     assert with_it == without and with_it[0] > 0  # its signal rides on the strategy's periodic check
 
 
 def train_into_nan():
     x, y = dataset(200).tensors
-    if rank() == 1: x[60:] = float('nan')  # only rank 1's data goes bad, late in its shard
+    if rank() == 1:
+        x[60:] = float('nan')  # only rank 1's data goes bad, late in its shard
     learn = Learner(make_model(), DataLoader(TensorDataset(x, y), batch_size=B), metrics=(), progress=rank() == 0)
     try:
         learn.fit(2)
         outcome = 'finished'
-    except NonFiniteLossError as e: outcome = type(e).__name__
+    except NonFiniteLossError as e:
+        outcome = type(e).__name__
     return gather((outcome, learn.step))
 
 
@@ -381,9 +476,16 @@ def test_a_nan_on_one_rank_stops_every_rank_cleanly():
 
 def train_skipping_nan():
     x, y = dataset(64).tensors
-    if rank() == 1: x[9] = float('nan')  # rank 1's 3rd batch
-    learn = Learner(make_model(), DataLoader(TensorDataset(x, y), batch_size=B), opt_func=torch.optim.SGD, metrics=(),
-                    progress=False, skip_nonfinite=True)
+    if rank() == 1:
+        x[9] = float('nan')  # rank 1's 3rd batch
+    learn = Learner(
+        make_model(),
+        DataLoader(TensorDataset(x, y), batch_size=B),
+        opt_func=torch.optim.SGD,
+        metrics=(),
+        progress=False,
+        skip_nonfinite=True,
+    )
     learn.fit(2)
     skipped = [cb.skipped for cb in learn.cbs if hasattr(cb, 'skipped')]
     return gather((learn.step, skipped, torch.isfinite(learn.model.module[0].weight).all().item()))
@@ -396,11 +498,12 @@ def test_skip_nonfinite_skips_the_batch_on_every_rank():
 
 # ---- seeds ----
 
+
 def seeds(_):
     torch.manual_seed(0)
     model = make_model()
     init = torch.cat([p.detach().flatten() for p in model.parameters()])
-    ds = TensorDataset(torch.arange(8.))
+    ds = TensorDataset(torch.arange(8.0))
     workers = DataLoader(ds, batch_size=4, num_workers=1, worker_init_fn=None)
     Learner(model, workers, metrics=(), progress=False)
     augmentation = torch.rand(3)
@@ -409,25 +512,31 @@ def seeds(_):
 
 
 class WorkerSeed(torch.utils.data.Dataset):
-    def __len__(self): return 1
-    def __getitem__(self, i): return torch.utils.data.get_worker_info().seed
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, i):
+        return torch.utils.data.get_worker_info().seed
 
 
 def test_seed_policy_same_model_init_distinct_augmentation_and_workers():
     (init0, aug0, w0), (init1, aug1, w1) = launch(seeds, nprocs=2, args=(None,))
-    assert torch.equal(init0, init1)           # the same seed for model initialisation
-    assert not torch.equal(aug0, aug1)         # rank-distinct streams for augmentation
-    assert not torch.equal(w0, w1)             # and for loader workers
+    assert torch.equal(init0, init1)  # the same seed for model initialisation
+    assert not torch.equal(aug0, aug1)  # rank-distinct streams for augmentation
+    assert not torch.equal(w0, w1)  # and for loader workers
     (again0, aug0b, _), _ = launch(seeds, nprocs=2, args=(None,))
-    assert torch.equal(aug0, aug0b)            # reproducible
+    assert torch.equal(aug0, aug0b)  # reproducible
 
 
 # ---- failures ----
 
+
 def killed_mid_fit():
     class Die(Callback):
         def after_batch(self):
-            if rank() == 1 and self.learn.iter == 3: os.kill(os.getpid(), signal.SIGKILL)
+            if rank() == 1 and self.learn.iter == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+
     learn = Learner(make_model(), loader(dataset(4000)), metrics=(), progress=False, cbs=[Die()])
     learn.fit(100)
 
@@ -442,11 +551,19 @@ def test_launch_stops_the_survivors_when_a_rank_dies():
 
 def test_a_killed_rank_makes_the_other_fail_within_the_timeout(tmp_path):
     "No launch() watchdog here: the survivor itself must notice, as under torchrun."
-    env = {**os.environ, 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(_free_port()), 'WORLD_SIZE': '2',
-           'NBTRAINER_DIST_TIMEOUT': '60', 'OMP_NUM_THREADS': '1'}
+    env = {
+        **os.environ,
+        'MASTER_ADDR': '127.0.0.1',
+        'MASTER_PORT': str(_free_port()),
+        'WORLD_SIZE': '2',
+        'NBTRAINER_DIST_TIMEOUT': '60',
+        'OMP_NUM_THREADS': '1',
+    }
     worker = [sys.executable, str(ROOT / 'tests' / 'ddp_worker.py'), str(tmp_path)]
-    procs = [subprocess.Popen(worker, env={**env, 'RANK': str(r), 'LOCAL_RANK': str(r)}, stderr=subprocess.PIPE, text=True)
-             for r in range(2)]
+    procs = [
+        subprocess.Popen(worker, env={**env, 'RANK': str(r), 'LOCAL_RANK': str(r)}, stderr=subprocess.PIPE, text=True)
+        for r in range(2)
+    ]
     try:
         deadline = time.time() + 120
         while not (tmp_path / 'started-1').exists():  # rank 1 is training
@@ -454,33 +571,41 @@ def test_a_killed_rank_makes_the_other_fail_within_the_timeout(tmp_path):
             time.sleep(0.05)
         procs[1].send_signal(signal.SIGKILL)
         killed = time.perf_counter()
-        try: code = procs[0].wait(timeout=400)
-        except subprocess.TimeoutExpired: raise AssertionError('rank 0 still ran 400 s after its peer was killed') from None
+        try:
+            code = procs[0].wait(timeout=400)
+        except subprocess.TimeoutExpired:
+            raise AssertionError('rank 0 still ran 400 s after its peer was killed') from None
         waited = time.perf_counter() - killed
         # the timeout is 60 s, and a closed socket is usually noticed at once; the ceiling only catches a hang
         assert code != 0 and waited < 300, f'rank 0 ended with code {code}, {waited:.0f} s after its peer was killed'
         assert 'Error' in procs[0].stderr.read()
     finally:
         for p in procs:
-            if p.poll() is None: p.kill()
+            if p.poll() is None:
+                p.kill()
 
 
 @pytest.mark.parametrize('ending, alive_at_exit', [('normal', False), ('error', True)])
 def test_a_script_leaves_its_group_at_exit_unless_it_failed(ending, alive_at_exit):
     "gloo threads alive during interpreter teardown abort a finished rank now and then (SIGABRT, 1 run in ~20 under torchrun)."
-    script = ('import atexit, sys, torch.distributed as dist\n'
-              'atexit.register(lambda: print("group alive at exit:", dist.is_initialized(), flush=True))  # runs last\n'
-              'from nbtrainer import init_distributed\n'
-              'init_distributed()\n'
-              'if sys.argv[1] == "error": raise RuntimeError("a rank failed")\n')
+    script = (
+        'import atexit, sys, torch.distributed as dist\n'
+        'atexit.register(lambda: print("group alive at exit:", dist.is_initialized(), flush=True))  # runs last\n'
+        'from nbtrainer import init_distributed\n'
+        'init_distributed()\n'
+        'if sys.argv[1] == "error": raise RuntimeError("a rank failed")\n'
+    )
     env = {**os.environ, 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(_free_port()), 'WORLD_SIZE': '1', 'RANK': '0'}
     done = subprocess.run([sys.executable, '-c', script, ending], env=env, capture_output=True, text=True, timeout=120)
     assert (done.returncode != 0) == (ending == 'error')
-    assert f'group alive at exit: {alive_at_exit}' in done.stdout  # after an error, other ranks may wait in a collective
+    assert (
+        f'group alive at exit: {alive_at_exit}' in done.stdout
+    )  # after an error, other ranks may wait in a collective
 
 
 def _free_port():
     import socket
+
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         return s.getsockname()[1]
@@ -488,14 +613,20 @@ def _free_port():
 
 # ---- launch() from a notebook ----
 
+
 def test_launch_from_a_notebook_run_by_nbclient(tmp_path, monkeypatch):
-    monkeypatch.setenv('PYTHONPATH', os.pathsep.join([str(ROOT), *filter(None, [os.environ.get('PYTHONPATH')])]))  # the kernel imports this checkout
+    monkeypatch.setenv(
+        'PYTHONPATH', os.pathsep.join([str(ROOT), *filter(None, [os.environ.get('PYTHONPATH')])])
+    )  # the kernel imports this checkout
     import nbformat
     from nbclient import NotebookClient
-    cells = ['import torch\nfrom nbtrainer.distributed import launch, rank, world_size',
-             # defined in the notebook's __main__: fork makes it available to the workers
-             'def train(n):\n    print(f"rank {rank()} of {world_size()} says hello")\n    return rank() * 10 + n',
-             'result = launch(train, nprocs=2, args=(7,))\nassert result == 7\nprint("result", result)']
+
+    cells = [
+        'import torch\nfrom nbtrainer.distributed import launch, rank, world_size',
+        # defined in the notebook's __main__: fork makes it available to the workers
+        'def train(n):\n    print(f"rank {rank()} of {world_size()} says hello")\n    return rank() * 10 + n',
+        'result = launch(train, nprocs=2, args=(7,))\nassert result == 7\nprint("result", result)',
+    ]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'python3', 'language': 'python'}
     NotebookClient(nb, timeout=180, kernel_name='python3', resources={'metadata': {'path': str(tmp_path)}}).execute()
@@ -505,8 +636,10 @@ def test_launch_from_a_notebook_run_by_nbclient(tmp_path, monkeypatch):
 
 
 def sync_bn_on_cpu():
-    try: Learner(make_model(bn=True), loader(dataset(8)), progress=False, sync_bn=True)
-    except ValueError as e: return str(e)
+    try:
+        Learner(make_model(bn=True), loader(dataset(8)), progress=False, sync_bn=True)
+    except ValueError as e:
+        return str(e)
 
 
 def test_sync_bn_on_the_cpu_says_it_needs_gpus():
@@ -521,9 +654,12 @@ def test_launch_with_spawn_sends_the_function_by_value():
 
 def test_package_level_launch_and_light_import():
     import nbtrainer
+
     assert nbtrainer.launch is launch
-    script = ('import sys, torch; before = set(sys.modules); import nbtrainer.distributed; '
-              'print(" ".join(set(sys.modules) - before))')
+    script = (
+        'import sys, torch; before = set(sys.modules); import nbtrainer.distributed; '
+        'print(" ".join(set(sys.modules) - before))'
+    )
     loaded = set(subprocess.check_output([sys.executable, '-c', script], text=True).split())
     assert not [m for m in ('matplotlib', 'ipywidgets', 'tqdm.auto', 'tensorboard', 'IPython') if m in loaded]
 
@@ -532,17 +668,34 @@ def test_the_same_script_under_torchrun_and_plain_python(tmp_path):
     worker = [str(ROOT / 'tests' / 'ddp_worker.py'), '--short']
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}
     subprocess.run([sys.executable, *worker[:1], str(tmp_path / 'one'), *worker[1:]], check=True, timeout=120, env=env)
-    subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node=2',  # picks a free port
-                    worker[0], str(tmp_path / 'two'), *worker[1:]], check=True, timeout=180, env=env)
+    subprocess.run(
+        [
+            sys.executable,
+            '-m',
+            'torch.distributed.run',
+            '--standalone',
+            '--nproc-per-node=2',  # picks a free port
+            worker[0],
+            str(tmp_path / 'two'),
+            *worker[1:],
+        ],
+        check=True,
+        timeout=180,
+        env=env,
+    )
     one, two = (torch.load(tmp_path / d / 'final.pt', weights_only=True) for d in ('one', 'two'))
-    assert one['progress']['step'] == two['progress']['step'] == 12  # 44 examples: global batches 8, 8, 8, 8, 8, 4 per epoch
+    assert (
+        one['progress']['step'] == two['progress']['step'] == 12
+    )  # 44 examples: global batches 8, 8, 8, 8, 8, 4 per epoch
     assert max((one['model'][k] - two['model'][k]).abs().max().item() for k in one['model']) < 1e-6
 
 
 def hangs_on_rank_1():
     class Hang(Callback):
         def after_batch(self):
-            if rank() == 1 and self.learn.step == 3: time.sleep(10 ** 6)  # stuck: not dead, not answering
+            if rank() == 1 and self.learn.step == 3:
+                time.sleep(10**6)  # stuck: not dead, not answering
+
     learn = Learner(make_model(), loader(dataset(400)), metrics=(), progress=False, cbs=[Hang()])
     learn.fit(5)
 
@@ -556,15 +709,20 @@ def test_launch_names_the_rank_that_hung():
 
 # ---- first-week edges under DDP ----
 
+
 def validate_torchmetrics(n):
     import torchmetrics
+
     valid = DataLoader(dataset(n, seed=3), batch_size=5)
-    metrics = [torchmetrics.classification.MulticlassAccuracy(num_classes=3, average='micro'),
-               torchmetrics.classification.MulticlassF1Score(num_classes=3, average='macro')]
+    metrics = [
+        torchmetrics.classification.MulticlassAccuracy(num_classes=3, average='micro'),
+        torchmetrics.classification.MulticlassF1Score(num_classes=3, average='macro'),
+    ]
     learn = Learner(make_model(), loader(dataset(16)), valid, metrics=metrics, progress=False)
     values = learn.validate()
     model = learn.model.module.eval()
-    with torch.no_grad(): preds = model(dataset(n, seed=3).tensors[0])
+    with torch.no_grad():
+        preds = model(dataset(n, seed=3).tensors[0])
     return gather(values), preds
 
 
@@ -572,6 +730,7 @@ def validate_torchmetrics(n):
 def test_torchmetrics_objects_on_two_ranks_equal_sklearn(n):
     "torchmetrics syncs its own states over the ranks; the padding row is left out of its updates."
     from sklearn.metrics import accuracy_score, f1_score
+
     (values0, values1), preds = launch(validate_torchmetrics, nprocs=2, args=(n,))
     _, y = dataset(n, seed=3).tensors
     labels = preds.argmax(1)
@@ -582,9 +741,11 @@ def test_torchmetrics_objects_on_two_ranks_equal_sklearn(n):
 
 def train_on_unsharded(shard):
     import warnings
+
     x, y = dataset(32).tensors
-    batches = [(x[i:i + B], y[i:i + B]) for i in range(0, 32, B)]
-    if shard: batches = batches[rank()::world_size()]  # each rank its own batches
+    batches = [(x[i : i + B], y[i : i + B]) for i in range(0, 32, B)]
+    if shard:
+        batches = batches[rank() :: world_size()]  # each rank its own batches
     learn = Learner(make_model(), batches, metrics=(), progress=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
@@ -600,6 +761,7 @@ def test_identical_batches_on_every_rank_are_named(shard):
 
 class TokenTagger(nn.Module):
     "Tags each token, and computes its own loss as Hugging Face models do: the mean over the labels that are not -100."
+
     def __init__(self):
         super().__init__()
         torch.manual_seed(1)
@@ -623,7 +785,9 @@ def tagged(n=24, width=7):
 def train_tagger(world, accumulate):
     data = tagged()
     dl = DataLoader(data, batch_size=B * 2 // world)  # in order: global batch i is the same examples either way
-    learn = Learner(TokenTagger(), dl, opt_func=torch.optim.SGD, lr=0.5, metrics=(), accumulate=accumulate, progress=False)
+    learn = Learner(
+        TokenTagger(), dl, opt_func=torch.optim.SGD, lr=0.5, metrics=(), accumulate=accumulate, progress=False
+    )
     learn.fit(2)
     model = learn.model.module if world > 1 else learn.model
     return {k: v.clone() for k, v in model.state_dict().items()}
@@ -639,13 +803,22 @@ def test_token_mean_loss_on_two_ranks_equals_one_process(accumulate):
 
 # ---- get_preds: every rank's rows, back in the dataset's order ----
 
+
 def preds_on_ranks(strategy):
-    learn = Learner(make_model(), loader(dataset(40)), DataLoader(dataset(21, seed=3), batch_size=4), metrics=(),
-                    progress=False, strategy=strategy)
+    learn = Learner(
+        make_model(),
+        loader(dataset(40)),
+        DataLoader(dataset(21, seed=3), batch_size=4),
+        metrics=(),
+        progress=False,
+        strategy=strategy,
+    )
     learn.fit(1)
     preds, targets = learn.get_preds()
-    weights = {k: (v.full_tensor() if hasattr(v, 'full_tensor') else v).clone()
-               for k, v in learn._plain_model().state_dict().items()}
+    weights = {
+        k: (v.full_tensor() if hasattr(v, 'full_tensor') else v).clone()
+        for k, v in plain_model(learn.model).state_dict().items()
+    }
     return preds, targets, weights
 
 
@@ -655,6 +828,7 @@ def test_get_preds_gathers_every_rank_in_the_datasets_order(strategy):
     model = make_model()
     model.load_state_dict(weights)
     x, y = dataset(21, seed=3).tensors  # 21 rows on 2 ranks: rank 1's last row is padding, left out
-    with torch.no_grad(): expected = model(x)
+    with torch.no_grad():
+        expected = model(x)
     assert preds.shape == expected.shape and torch.equal(targets, y)
     assert (preds - expected).abs().max().item() < 1e-6

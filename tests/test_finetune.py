@@ -1,10 +1,10 @@
 """Fine-tuning against references: freezing and EMA against a hand-written loop, across a SIGKILL and a resume and on
 2 DDP ranks; fp16's skipped steps left out of the EMA."""
+
 import signal, subprocess, sys, time
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
@@ -16,7 +16,8 @@ from nbtrainer import EMA, Callback, Learner, head_body, launch
 WORKER = [sys.executable, str(ROOT / 'tests' / 'finetune_worker.py')]
 
 
-def final(folder): return torch.load(folder / 'final.pt', weights_only=True)
+def final(folder):
+    return torch.load(folder / 'final.pt', weights_only=True)
 
 
 def checkpoint_steps(folder):
@@ -30,14 +31,16 @@ def hand_loop():
     body, head = head_body(model)
     opt = torch.optim.AdamW([{'params': body, 'lr': fw.LRS[0]}, {'params': head, 'lr': fw.LRS[1]}])
     norm = {id(p) for p in model[1].parameters()}  # BatchNorm keeps training while the body is frozen
-    for p in body: p.requires_grad_(id(p) in norm)
+    for p in body:
+        p.requires_grad_(id(p) in norm)
     tensors = [*model.parameters(), *model.buffers()]
     avg, updates, step = [t.detach().clone() for t in tensors], 0, 0
     dl = DataLoader(ds, batch_size=16, shuffle=True)
     for epoch in range(4):
         for x, y in dl:
             if step == fw.UNFREEZE_AT:
-                for p in body: p.requires_grad_(True)
+                for p in body:
+                    p.requires_grad_(True)
             F.cross_entropy(model(x), y).backward()
             opt.step()
             opt.zero_grad()
@@ -45,8 +48,10 @@ def hand_loop():
             decay = fw.DECAY * min(1.0, updates / fw.WARMUP)
             with torch.no_grad():
                 for a, t in zip(avg, tensors):
-                    if t.is_floating_point(): a -= (1 - decay) * (a - t)
-                    else: a.copy_(t)
+                    if t.is_floating_point():
+                        a -= (1 - decay) * (a - t)
+                    else:
+                        a.copy_(t)
             updates += 1
     return model.state_dict(), avg
 
@@ -56,8 +61,10 @@ def test_freeze_unfreeze_and_ema_equal_a_hand_loop(tmp_path):
     subprocess.run(WORKER + [str(tmp_path), '--no-plateau'], check=True, timeout=300)
     ours, (weights, avg) = final(tmp_path), hand_loop()
     assert ours['step'] == 52 and ours['frozen'] == 0
-    for k, v in weights.items(): torch.testing.assert_close(ours['model'][k], v, rtol=1e-6, atol=1e-7)
-    for a, b in zip(ours['ema'], avg): torch.testing.assert_close(a, b, rtol=1.2e-7, atol=1e-7)
+    for k, v in weights.items():
+        torch.testing.assert_close(ours['model'][k], v, rtol=1e-6, atol=1e-7)
+    for a, b in zip(ours['ema'], avg):
+        torch.testing.assert_close(a, b, rtol=1.2e-7, atol=1e-7)
 
 
 @pytest.mark.slow  # three trained subprocesses, one killed
@@ -100,18 +107,29 @@ def ddp_model():
     return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3))
 
 
-def split3(m): return [m[0], m[2], m[4]]
+def split3(m):
+    return [m[0], m[2], m[4]]
 
 
-def valid_data(): return ddp_data(45)  # uneven over 2 ranks: one example repeated, weighted 0
+def valid_data():
+    return ddp_data(45)  # uneven over 2 ranks: one example repeated, weighted 0
 
 
 def train_ddp():
     ds = ddp_data()
     dl = DataLoader(ds, batch_size=B, shuffle=True, generator=torch.Generator().manual_seed(5))
     ema = EMA(decay=0.8)
-    learn = Learner(ddp_model(), dl, DataLoader(valid_data(), batch_size=8), opt_func=torch.optim.AdamW,
-                    lr=slice(1e-3, 5e-2), splitter=split3, metrics=(), progress=False, cbs=[ema])
+    learn = Learner(
+        ddp_model(),
+        dl,
+        DataLoader(valid_data(), batch_size=8),
+        opt_func=torch.optim.AdamW,
+        lr=slice(1e-3, 5e-2),
+        splitter=split3,
+        metrics=(),
+        progress=False,
+        cbs=[ema],
+    )
     learn.freeze_to(2)
     learn.fit(1)
     learn.freeze_to(1)
@@ -127,11 +145,14 @@ def test_freezing_on_two_ranks_equals_a_one_process_hand_loop():
     "DDP is wrapped anew when the trainable set changes: without it the reducer waits for gradients that never come."
     from test_distributed import global_batches
     import test_distributed as td
+
     weights, averaged, row = launch(train_ddp, nprocs=2)
     saved = td.B, td.SEED, td.dataset
     td.B, td.SEED, td.dataset = B, 5, lambda n, seed=0: ddp_data(n)
-    try: ds, epochs = global_batches(48, 3)
-    finally: td.B, td.SEED, td.dataset = saved
+    try:
+        ds, epochs = global_batches(48, 3)
+    finally:
+        td.B, td.SEED, td.dataset = saved
     model = ddp_model()
     groups = [list(m.parameters()) for m in split3(model)]
     lrs = [1e-3 * 50 ** (i / 2) for i in range(3)]
@@ -140,20 +161,25 @@ def test_freezing_on_two_ranks_equals_a_one_process_hand_loop():
     avg = [t.detach().clone() for t in tensors]
     for frozen, batches in zip((2, 1, 0), epochs):
         for i, g in enumerate(groups):
-            for p in g: p.requires_grad_(i >= frozen)
+            for p in g:
+                p.requires_grad_(i >= frozen)
         for b in batches:
             x, y = ds[b]
             F.cross_entropy(model(x), y).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             with torch.no_grad():
-                for a, t in zip(avg, tensors): a -= (1 - 0.8) * (a - t)
-    for k, v in model.state_dict().items(): torch.testing.assert_close(weights[k], v, rtol=1e-5, atol=1e-6)
-    for a, b in zip(averaged, avg): torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+                for a, t in zip(avg, tensors):
+                    a -= (1 - 0.8) * (a - t)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(weights[k], v, rtol=1e-5, atol=1e-6)
+    for a, b in zip(averaged, avg):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     x, y = valid_data().tensors  # the row's losses: every validation example once, raw weights and the average
     with torch.no_grad():
         assert row['valid_loss'] == pytest.approx(F.cross_entropy(model(x), y).item(), rel=1e-5)
-        for p, a in zip(model.parameters(), avg): p.copy_(a)
+        for p, a in zip(model.parameters(), avg):
+            p.copy_(a)
         assert row['ema_valid_loss'] == pytest.approx(F.cross_entropy(model(x), y).item(), rel=1e-5)
 
 
@@ -165,17 +191,22 @@ def test_fp16_skipped_steps_are_left_out_of_the_ema():
 
     class Poison(Callback):
         def before_step(self):
-            if self.learn.step in (3, 7): next(self.learn.model.parameters()).grad[0, 0] = float('inf')
+            if self.learn.step in (3, 7):
+                next(self.learn.model.parameters()).grad[0, 0] = float('inf')
+
         def after_step(self):
             snapshots.append(([p.detach().clone() for p in self.learn.model.parameters()], self.learn.skipped_steps))
 
-    learn = Learner(ddp_model(), DataLoader(ds, batch_size=8), precision='fp16', metrics=(), progress=False,
-                    cbs=[ema, Poison()])
+    learn = Learner(
+        ddp_model(), DataLoader(ds, batch_size=8), precision='fp16', metrics=(), progress=False, cbs=[ema, Poison()]
+    )
     start = [p.detach().clone() for p in learn.model.parameters()]
     learn.fit(1)
     avg, skipped_before = start, 0
     for weights, skipped in snapshots:
-        if skipped == skipped_before: avg = [a - (1 - 0.7) * (a - w) for a, w in zip(avg, weights)]
+        if skipped == skipped_before:
+            avg = [a - (1 - 0.7) * (a - w) for a, w in zip(avg, weights)]
         skipped_before = skipped
     assert skipped_before == 2
-    for a, b in zip(ema.averaged, avg): torch.testing.assert_close(a, b, rtol=1.2e-7, atol=1e-7)
+    for a, b in zip(ema.averaged, avg):
+        torch.testing.assert_close(a, b, rtol=1.2e-7, atol=1e-7)

@@ -3,6 +3,7 @@ run in a registry and its evaluations' states on disk, and exits; another proces
 it at an evaluation with `run.fork(step, build)` and continues with the same fit (`learn.progress.call`): its final
 weights equal the original's bit for bit; a third forks there with a tenth of the lr, and the registry records the
 branch with its parent run and step."""
+
 import subprocess, sys, textwrap
 
 import pytest
@@ -44,6 +45,7 @@ def run(folder, mode):
 
 def test_a_fork_from_the_registry_in_a_fresh_process_reproduces_the_run_and_records_its_branch(tmp_path):
     from nbtrainer import runs
+
     original = run(tmp_path, 'train')
     same = run(tmp_path, 'same')
     assert all(torch.equal(original[k], same[k]) for k in original)

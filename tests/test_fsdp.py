@@ -3,6 +3,7 @@
 The workers start with `nbtrainer.distributed.launch` (fork), except the kill-and-resume test, which runs
 tests/fsdp_worker.py as torchrun would (environment variables) and kills it for real.
 """
+
 import math, os, signal, subprocess, sys, time
 from pathlib import Path
 
@@ -15,10 +16,14 @@ from torch.utils.data import DataLoader
 
 from conftest import ROOT
 from nbtrainer import FSDP, Callback, Checkpointer, Learner, launch, memory_per_rank, plain_checkpoint
+from nbtrainer.data import plain_model
 from test_distributed import B, dataset, global_batches, hand_written, loader, make_model
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600),
-              pytest.mark.skipif(not dist.is_available() or sys.platform != 'linux', reason='needs torch.distributed and fork')]
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(not dist.is_available() or sys.platform != 'linux', reason='needs torch.distributed and fork'),
+]
 
 
 def full_weights(learn):
@@ -28,22 +33,34 @@ def full_weights(learn):
 
 # ---- the same weights as one process on the global batch ----
 
+
 def train_fsdp(opt_func, n, accumulate, epochs, strategy):
-    learn = Learner(make_model(), loader(dataset(n)), opt_func=opt_func, lr=0.05, metrics=(), accumulate=accumulate,
-                    progress=False, strategy=strategy)
+    learn = Learner(
+        make_model(),
+        loader(dataset(n)),
+        opt_func=opt_func,
+        lr=0.05,
+        metrics=(),
+        accumulate=accumulate,
+        progress=False,
+        strategy=strategy,
+    )
     learn.fit(epochs)
     sharded = [type(p).__name__ for p in learn.model.parameters()]
     return full_weights(learn), learn.step, sharded
 
 
-@pytest.mark.parametrize('opt_func, n, accumulate, strategy', [
-    (torch.optim.SGD, 48, 1, 'fsdp'),                  # the root alone: one unit
-    (torch.optim.Adam, 45, 1, FSDP(wrap=nn.Linear)),   # a unit per Linear; rank 1 repeats an example
-    (torch.optim.SGD, 45, 2, FSDP(min_params=50)),     # accumulation over an uneven epoch end; units by size
-    (torch.optim.Adam, 46, 3, FSDP(wrap=nn.Linear, reshard_after_forward=False)),
-    (torch.optim.Adam, 45, 2, FSDP(wrap=nn.Linear, activation_checkpointing=True)),
-    (torch.optim.SGD, 45, 1, FSDP(wrap=nn.Linear, cpu_offload=True)),  # on the CPU already: the same arithmetic
-])
+@pytest.mark.parametrize(
+    'opt_func, n, accumulate, strategy',
+    [
+        (torch.optim.SGD, 48, 1, 'fsdp'),  # the root alone: one unit
+        (torch.optim.Adam, 45, 1, FSDP(wrap=nn.Linear)),  # a unit per Linear; rank 1 repeats an example
+        (torch.optim.SGD, 45, 2, FSDP(min_params=50)),  # accumulation over an uneven epoch end; units by size
+        (torch.optim.Adam, 46, 3, FSDP(wrap=nn.Linear, reshard_after_forward=False)),
+        (torch.optim.Adam, 45, 2, FSDP(wrap=nn.Linear, activation_checkpointing=True)),
+        (torch.optim.SGD, 45, 1, FSDP(wrap=nn.Linear, cpu_offload=True)),  # on the CPU already: the same arithmetic
+    ],
+)
 def test_two_ranks_equal_one_process_with_the_global_batch(opt_func, n, accumulate, strategy):
     weights, steps, sharded = launch(train_fsdp, nprocs=2, args=(opt_func, n, accumulate, 2, strategy))
     assert set(sharded) == {'DTensor'}
@@ -54,9 +71,11 @@ def test_two_ranks_equal_one_process_with_the_global_batch(opt_func, n, accumula
 
 # ---- bf16: FSDP's MixedPrecisionPolicy against one process under autocast ----
 
+
 def rank_batches(n, epochs, world=2):
     "Each global batch as its per-rank parts, in DistributedSampler's order, padding left out."
     from torch.utils.data import DistributedSampler
+
     ds, out = dataset(n), []
     for epoch in range(epochs):
         shards = []
@@ -65,7 +84,7 @@ def rank_batches(n, epochs, world=2):
             sampler.set_epoch(epoch)
             shards.append([i for j, i in enumerate(sampler) if r + j * world < n])
         per_rank = math.ceil(n / world)
-        out.append([[s[b:b + B] for s in shards] for b in range(0, per_rank, B)])
+        out.append([[s[b : b + B] for s in shards] for b in range(0, per_rank, B)])
     return ds, out
 
 
@@ -77,11 +96,12 @@ def hand_written_bf16(n, accumulate, epochs, per_rank):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     for batches in epochs_batches:
         for w in range(0, len(batches), accumulate):
-            window = batches[w:w + accumulate]
+            window = batches[w : w + accumulate]
             count = sum(len(part) for parts in window for part in parts)
             for parts in window:
-                for part in (parts if per_rank else [sum(parts, [])]):
-                    if not part: continue
+                for part in parts if per_rank else [sum(parts, [])]:
+                    if not part:
+                        continue
                     x, y = ds[part]
                     with torch.autocast('cpu', dtype=torch.bfloat16):
                         loss = F.cross_entropy(model(x), y, reduction='sum') / count
@@ -92,8 +112,17 @@ def hand_written_bf16(n, accumulate, epochs, per_rank):
 
 
 def train_bf16(n, accumulate, precision):
-    learn = Learner(make_model(), loader(dataset(n)), opt_func=torch.optim.SGD, lr=0.05, metrics=(),
-                    accumulate=accumulate, progress=False, precision=precision, strategy=FSDP(wrap=nn.Linear))
+    learn = Learner(
+        make_model(),
+        loader(dataset(n)),
+        opt_func=torch.optim.SGD,
+        lr=0.05,
+        metrics=(),
+        accumulate=accumulate,
+        progress=False,
+        precision=precision,
+        strategy=FSDP(wrap=nn.Linear),
+    )
     dtypes = set()
     learn.model[0].register_forward_pre_hook(lambda m, args: dtypes.add(m.weight.dtype))  # after FSDP's gather
     learn.fit(2)
@@ -126,22 +155,35 @@ TORCHRUN = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--np
 
 
 def run_worker(folder, *args):
-    subprocess.run(TORCHRUN + [WORKER, str(folder), *args], check=True, timeout=600, env=ENV,
-                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    subprocess.run(
+        TORCHRUN + [WORKER, str(folder), *args],
+        check=True,
+        timeout=600,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     return torch.load(folder / 'final.pt', weights_only=True)
 
 
 def killed_mid_fit(folder, *args):
     "Start the worker slowed down, and SIGKILL torchrun and both ranks once they are past step 10."
-    proc = subprocess.Popen(TORCHRUN + [WORKER, str(folder), '--slow', *args], env=ENV, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        TORCHRUN + [WORKER, str(folder), '--slow', *args],
+        env=ENV,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.time() + 180
     while not all((folder / f'started-{r}').exists() for r in range(2)):
         assert proc.poll() is None, proc.communicate()[0][-3000:]
         assert time.time() < deadline, 'the worker never reached step 10'
         time.sleep(0.05)
     time.sleep(0.3)  # a few more batches, perhaps into a save
-    for r in range(2): os.kill(int((folder / f'started-{r}').read_text()), signal.SIGKILL)  # no handler: a lost machine
+    for r in range(2):
+        os.kill(int((folder / f'started-{r}').read_text()), signal.SIGKILL)  # no handler: a lost machine
     os.killpg(proc.pid, signal.SIGKILL)  # and torchrun (its workers run in sessions of their own)
     proc.wait(30)
     time.sleep(0.5)
@@ -175,32 +217,48 @@ def trained(tmp_path_factory):
 
 def test_a_sharded_checkpoint_loads_into_a_bare_model_in_one_process(trained, tmp_path):
     import fsdp_worker
+
     folder, final = trained
     x = fsdp_worker.probe_inputs()
     # learn.load in one process: no process group, each tensor read whole from the two ranks' shards
-    learn = Learner(fsdp_worker.make_model(), [(x, torch.zeros(16, dtype=torch.long))], opt_func=torch.optim.AdamW,
-                    progress=False, lr=1e-2)
+    learn = Learner(
+        fsdp_worker.make_model(),
+        [(x, torch.zeros(16, dtype=torch.long))],
+        opt_func=torch.optim.AdamW,
+        progress=False,
+        lr=1e-2,
+    )
     assert not learn.distributed
     with pytest.warns(UserWarning, match='callbacks this Learner lacks'):  # the run's FSDP strategy and Checkpointer
         learn.load(folder / 'last.pt', check_data=False)  # its own data, not the run's
     learn.model.eval()
-    with torch.no_grad(): assert torch.equal(learn.model(x), final['preds'])
+    with torch.no_grad():
+        assert torch.equal(learn.model(x), final['preds'])
     assert all(torch.equal(learn.model.state_dict()[k], final['model'][k]) for k in final['model'])
     assert len(learn.opt.state) == len(list(learn.model.parameters()))  # the AdamW moments came too
     # converted to one plain file, read by torch alone into a bare model
     plain = plain_checkpoint(folder / 'last.pt', tmp_path / 'plain.pt')
     bare = fsdp_worker.make_model().eval()
     bare.load_state_dict(torch.load(plain, weights_only=True)['model'])
-    with torch.no_grad(): assert torch.equal(bare(x), final['preds'])
+    with torch.no_grad():
+        assert torch.equal(bare(x), final['preds'])
 
 
 def resume_in_fsdp(checkpoint):
     "One more epoch of the worker's run, resumed under FSDP from `checkpoint` (a sharded folder or a plain file)."
     import fsdp_worker
     from torch.utils.data import DataLoader
-    learn = Learner(fsdp_worker.make_model(), DataLoader(fsdp_worker.data(), batch_size=8, shuffle=True), lr=1e-2,
-                    opt_func=torch.optim.AdamW, clip_grad_norm=1.0, progress=False, metrics=(),
-                    strategy=FSDP(wrap=nn.Linear))
+
+    learn = Learner(
+        fsdp_worker.make_model(),
+        DataLoader(fsdp_worker.data(), batch_size=8, shuffle=True),
+        lr=1e-2,
+        opt_func=torch.optim.AdamW,
+        clip_grad_norm=1.0,
+        progress=False,
+        metrics=(),
+        strategy=FSDP(wrap=nn.Linear),
+    )
     learn.fit(4, resume=str(checkpoint))
     return full_weights(learn), learn.step
 
@@ -216,15 +274,24 @@ def test_a_plain_checkpoint_loads_into_an_fsdp_run(trained, tmp_path):
 
 class CountForwards(Callback):
     "How many times the first Linear's forward ran during training batches."
-    def __init__(self): self.n = 0
+
+    def __init__(self):
+        self.n = 0
+
     def before_fit(self):
         self.learn.model[0].register_forward_pre_hook(lambda m, a: setattr(self, 'n', self.n + self.learn.training))
 
 
 def forwards_per_batch(checkpointing):
     counter = CountForwards()
-    learn = Learner(make_model(), loader(dataset(32)), metrics=(), progress=False, cbs=[counter],
-                    strategy=FSDP(wrap=nn.Linear, activation_checkpointing=checkpointing))
+    learn = Learner(
+        make_model(),
+        loader(dataset(32)),
+        metrics=(),
+        progress=False,
+        cbs=[counter],
+        strategy=FSDP(wrap=nn.Linear, activation_checkpointing=checkpointing),
+    )
     learn.fit(1)
     return counter.n / learn.step
 
@@ -236,10 +303,13 @@ def test_activation_checkpointing_recomputes_each_unit_in_backward():
 
 # ---- memory per rank ----
 
+
 class Measure(Callback):
     "memory_per_rank after the first step, while the gradients are still there (zero_grad comes after after_step)."
+
     def after_step(self):
-        if self.learn.step == 1: self.bytes = memory_per_rank(self.learn)
+        if self.learn.step == 1:
+            self.bytes = memory_per_rank(self.learn)
 
 
 def measure(strategy, width):
@@ -247,8 +317,15 @@ def measure(strategy, width):
     model = nn.Sequential(*[nn.Linear(width, width) for _ in range(4)])
     ds = torch.utils.data.TensorDataset(torch.randn(16, width), torch.randn(16, width))
     m = Measure()
-    learn = Learner(model, torch.utils.data.DataLoader(ds, batch_size=4), loss_func=F.mse_loss, metrics=(),
-                    progress=False, strategy=strategy, cbs=[m])
+    learn = Learner(
+        model,
+        torch.utils.data.DataLoader(ds, batch_size=4),
+        loss_func=F.mse_loss,
+        metrics=(),
+        progress=False,
+        strategy=strategy,
+        cbs=[m],
+    )
     learn.fit(steps=1)
     return m.bytes, dist.get_world_size()
 
@@ -268,16 +345,29 @@ def test_fsdp_holds_half_of_what_ddp_holds_on_two_ranks(width):
 
 # ---- a window whose last micro-batch is cancelled ----
 
+
 class CancelSecond(Callback):
     "Cancel each window's second micro-batch before its backward: the step uses the first one's gradients alone."
+
     def before_backward(self):
         from nbtrainer import CancelBatchException
-        if self.learn.window_batch == 1: raise CancelBatchException()
+
+        if self.learn.window_batch == 1:
+            raise CancelBatchException()
 
 
 def train_cancelling(strategy):
-    learn = Learner(make_model(), loader(dataset(48)), opt_func=torch.optim.Adam, lr=0.05, metrics=(), accumulate=2,
-                    progress=False, strategy=strategy, cbs=[CancelSecond()])
+    learn = Learner(
+        make_model(),
+        loader(dataset(48)),
+        opt_func=torch.optim.Adam,
+        lr=0.05,
+        metrics=(),
+        accumulate=2,
+        progress=False,
+        strategy=strategy,
+        cbs=[CancelSecond()],
+    )
     learn.fit(2)
     return full_weights(learn) if learn.strategy.sharded else dict(learn.model.module.state_dict()), learn.step
 
@@ -301,10 +391,18 @@ def test_a_cancelled_last_micro_batch_still_reduces_the_window(strategy):
 
 # ---- the rest composes: probe (snapshot and restore), schedules, metrics over all ranks, early stopping ----
 
+
 def compose():
     from nbtrainer import EarlyStopping
-    learn = Learner(make_model(), loader(dataset(45)), loader(dataset(37, seed=1), shuffle=False), lr=0.05,
-                    progress=False, strategy=FSDP(wrap=nn.Linear))
+
+    learn = Learner(
+        make_model(),
+        loader(dataset(45)),
+        loader(dataset(37, seed=1), shuffle=False),
+        lr=0.05,
+        progress=False,
+        strategy=FSDP(wrap=nn.Linear),
+    )
     before = full_weights(learn)
     learn.probe(3)  # trains 3 steps, then puts everything back (what lr_find does in one process)
     restored = all(torch.equal(before[k], v) for k, v in full_weights(learn).items()) and not learn.opt.state
@@ -320,7 +418,8 @@ def test_probe_schedules_and_metrics_compose_with_fsdp():
     model = make_model()
     model.load_state_dict(weights)
     x, y = dataset(37, seed=1).tensors
-    with torch.no_grad(): logits = model(x)
+    with torch.no_grad():
+        logits = model(x)
     assert abs(row['valid_loss'] - F.cross_entropy(logits, y).item()) < 1e-5  # both ranks' shards, padding counted once
     assert abs(row['accuracy'] - (logits.argmax(1) == y).float().mean().item()) < 1e-6
 
@@ -328,6 +427,7 @@ def test_probe_schedules_and_metrics_compose_with_fsdp():
 def test_a_damaged_shard_is_refused_and_the_newest_intact_checkpoint_is_taken(trained, tmp_path):
     import shutil
     from nbtrainer import read_checkpoint
+
     folder, _ = trained
     kept = tmp_path / 'checkpoints'
     shutil.copytree(folder / 'checkpoints', kept)  # modification times kept: the newest stays the newest
@@ -335,21 +435,32 @@ def test_a_damaged_shard_is_refused_and_the_newest_intact_checkpoint_is_taken(tr
     assert Checkpointer(kept).latest() == str(newest)
     shard = newest / '__1_0.distcp'
     shard.write_bytes(shard.read_bytes()[:-100])  # a copy cut short
-    with pytest.raises(ValueError, match='__1_0.distcp is missing or truncated'): read_checkpoint(newest)
+    with pytest.raises(ValueError, match='__1_0.distcp is missing or truncated'):
+        read_checkpoint(newest)
     fallback = Checkpointer(kept).latest()
     assert fallback != str(newest) and read_checkpoint(fallback)['sharded']
     (Path(fallback) / 'state.pt').unlink()  # and one without its state file
-    with pytest.raises(FileNotFoundError): read_checkpoint(fallback)
+    with pytest.raises(FileNotFoundError):
+        read_checkpoint(fallback)
     assert Checkpointer(kept).latest() not in (str(newest), fallback)
 
 
 # ---- clipping over the shards: the global norm, as one process clips ----
 
+
 def train_clipped(world):
     "2 ranks with batch B each and clipping at 0.5, or one process with batch 2B: the same global batches in order."
-    learn = Learner(make_model(), DataLoader(dataset(48), batch_size=B * 2 // world), opt_func=torch.optim.AdamW,
-                    lr=0.02, metrics=(), accumulate=2, clip_grad_norm=0.5, progress=False,
-                    strategy=FSDP(wrap=nn.Linear) if world > 1 else 'auto')
+    learn = Learner(
+        make_model(),
+        DataLoader(dataset(48), batch_size=B * 2 // world),
+        opt_func=torch.optim.AdamW,
+        lr=0.02,
+        metrics=(),
+        accumulate=2,
+        clip_grad_norm=0.5,
+        progress=False,
+        strategy=FSDP(wrap=nn.Linear) if world > 1 else 'auto',
+    )
     learn.fit(2)
     return full_weights(learn) if world > 1 else dict(learn.model.state_dict()), learn.step
 
@@ -363,10 +474,17 @@ def test_clipping_takes_the_global_norm_over_the_shards():
 
 # ---- lr_find over the ranks: the global batch's curve, and the sharded state put back exactly ----
 
+
 def find_lr(world, strategy):
-    learn = Learner(make_model(), DataLoader(dataset(64), batch_size=B * 2 // world, shuffle=False), lr=0.05,
-                    metrics=(), progress=False, strategy=strategy if world > 1 else 'auto')
-    gather = full_weights if world > 1 and strategy != 'ddp' else lambda l: dict(learn._plain_model().state_dict())
+    learn = Learner(
+        make_model(),
+        DataLoader(dataset(64), batch_size=B * 2 // world, shuffle=False),
+        lr=0.05,
+        metrics=(),
+        progress=False,
+        strategy=strategy if world > 1 else 'auto',
+    )
+    gather = full_weights if world > 1 and strategy != 'ddp' else lambda _: dict(plain_model(learn.model).state_dict())
     before = {k: v.clone() for k, v in gather(learn).items()}
     result = learn.lr_find(start_lr=1e-4, end_lr=100, num_it=40, show=False)
     after = gather(learn)
@@ -387,8 +505,10 @@ def test_lr_find_on_two_ranks_equals_one_process_on_the_global_batch(strategy):
 
 def fork_points_under_fsdp():
     learn = Learner(make_model(), loader(dataset(16)), progress=False, strategy='fsdp', fork_points=2)
-    try: learn.fit(1)
-    except ValueError as e: return str(e), learn.step
+    try:
+        learn.fit(1)
+    except ValueError as e:
+        return str(e), learn.step
 
 
 def test_fork_points_in_memory_are_refused_under_fsdp_before_any_step():
@@ -398,10 +518,19 @@ def test_fork_points_in_memory_are_refused_under_fsdp_before_any_step():
 
 # ---- fork from a sharded every-evaluation checkpoint, in a fresh Learner ----
 
+
 def fork_from_shards(folder):
     def learner():
-        return Learner(make_model(), loader(dataset(48)), loader(dataset(20, seed=1), shuffle=False), lr=0.05,
-                       progress=False, strategy=FSDP(wrap=nn.Linear), cbs=[Checkpointer(folder, every_eval=True)])
+        return Learner(
+            make_model(),
+            loader(dataset(48)),
+            loader(dataset(20, seed=1), shuffle=False),
+            lr=0.05,
+            progress=False,
+            strategy=FSDP(wrap=nn.Linear),
+            cbs=[Checkpointer(folder, every_eval=True)],
+        )
+
     original = learner()
     original.fit(4, eval_every=4)
     forked = learner()  # a fresh Learner: the state comes from the folder of shards written at step 8's evaluation

@@ -1,5 +1,6 @@
 """A run folder from anyone (issue #31): crafted files never run code or touch anything outside their folder, with every
 loader the docs name; damaged files end as their documented fallback. These tests stay in the suite."""
+
 import hashlib, io, os, pickle, shutil, signal, subprocess, sys, time, warnings
 from pathlib import Path
 
@@ -16,24 +17,45 @@ STEPS_PER_EPOCH = 4  # 64 examples in batches of 16
 
 class Payload:
     "Unpickled, it makes the folder `marker`: proof that a file ran code."
-    def __init__(self, marker): self.marker = str(marker)
-    def __reduce__(self): return (os.mkdir, (self.marker,))
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
 
 
 def make_learner(folder, seed=0, **kwargs):
     "The run's Learner, writing into `folder` (None: a bare Learner with no callbacks)."
     data = classification_data(n=64, seed=1)
     torch.manual_seed(seed)
-    cbs = [] if folder is None else [Checkpointer(folder / 'ckpt', every_eval=True, keep_evals=2, keep_last=2, keep_best=1),
-                                     CSVLogger(folder / 'log.csv'), Tracker(folder / 'runs.db')]
-    return Learner(tiny_classifier(seed=seed), DataLoader(data, batch_size=16, shuffle=True),
-                   DataLoader(data, batch_size=32), loss_func=F.cross_entropy, lr=1e-2, progress=False, cbs=cbs, **kwargs)
+    cbs = (
+        []
+        if folder is None
+        else [
+            Checkpointer(folder / 'ckpt', every_eval=True, keep_evals=2, keep_last=2, keep_best=1),
+            CSVLogger(folder / 'log.csv'),
+            Tracker(folder / 'runs.db'),
+        ]
+    )
+    return Learner(
+        tiny_classifier(seed=seed),
+        DataLoader(data, batch_size=16, shuffle=True),
+        DataLoader(data, batch_size=32),
+        loss_func=F.cross_entropy,
+        lr=1e-2,
+        progress=False,
+        cbs=cbs,
+        **kwargs,
+    )
 
 
 def tree(folder):
     "Every file under `folder` and its bytes' hash: what 'nothing changed' compares."
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else 'dir'
-            for p in sorted(folder.rglob('*'))}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else 'dir'
+        for p in sorted(folder.rglob('*'))
+    }
 
 
 @pytest.fixture(scope='module')
@@ -59,6 +81,7 @@ def sharded_copy(plain, target):
     "A sharded checkpoint folder made from a plain checkpoint, as FSDP's `_save_shards` lays it out (DCP in one process)."
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
+
     state = torch.load(plain, weights_only=True)
     learn = make_learner(None)
     learn.load(plain, model_only=True)
@@ -84,16 +107,46 @@ def make_newest(path):
 
 # ---- the loaders the docs name, each given a crafted file in the run folder ----
 
-def learn_load(folder, path): make_learner(folder.parent / 'other').load(path)
-def learn_load_model(folder, path): make_learner(folder.parent / 'other').load(path, model_only=True)
-def resume(folder, path): make_learner(folder).fit(4, resume=True)
-def load_best(folder, path): make_learner(folder).load_best()
-def latest(folder, path): Checkpointer(folder / 'ckpt').latest()
-def table(folder, path): Checkpointer(folder / 'ckpt').table()
-def fork_file(folder, path): make_learner(folder.parent / 'other').fork(8, checkpoint=path)
-def registry_fork(folder, path): runs(folder / 'runs.db')[-1].fork(8, build=lambda: make_learner(folder.parent / 'other'))
-def plain(folder, path): plain_checkpoint(path, folder.parent / 'plain.pt')
-def read(folder, path): read_checkpoint(path)
+
+def learn_load(folder, path):
+    make_learner(folder.parent / 'other').load(path)
+
+
+def learn_load_model(folder, path):
+    make_learner(folder.parent / 'other').load(path, model_only=True)
+
+
+def resume(folder, path):
+    make_learner(folder).fit(4, resume=True)
+
+
+def load_best(folder, path):
+    make_learner(folder).load_best()
+
+
+def latest(folder, path):
+    Checkpointer(folder / 'ckpt').latest()
+
+
+def table(folder, path):
+    Checkpointer(folder / 'ckpt').table()
+
+
+def fork_file(folder, path):
+    make_learner(folder.parent / 'other').fork(8, checkpoint=path)
+
+
+def registry_fork(folder, path):
+    runs(folder / 'runs.db')[-1].fork(8, build=lambda: make_learner(folder.parent / 'other'))
+
+
+def plain(folder, path):
+    plain_checkpoint(path, folder.parent / 'plain.pt')
+
+
+def read(folder, path):
+    read_checkpoint(path)
+
 
 LOADERS = [learn_load, learn_load_model, resume, load_best, latest, table, fork_file, registry_fork, plain, read]
 GIVEN_THE_FILE = (learn_load, learn_load_model, fork_file, plain, read)  # an error names it; the others may skip it
@@ -103,9 +156,12 @@ def crafted_plain(folder, marker, slot):
     "eval-8.pt with a pickle payload in `slot` of its state, made the newest and the best."
     path = folder / 'ckpt' / 'eval-8.pt'
     state = torch.load(path, weights_only=True)
-    if slot == 'model': state['model'][next(iter(state['model']))] = Payload(marker)
-    elif slot == 'callbacks': state['callbacks']['Recorder']['history'] = Payload(marker)
-    else: state[slot] = Payload(marker)
+    if slot == 'model':
+        state['model'][next(iter(state['model']))] = Payload(marker)
+    elif slot == 'callbacks':
+        state['callbacks']['Recorder']['history'] = Payload(marker)
+    else:
+        state[slot] = Payload(marker)
     torch.save(state, path)  # pickled by torch.save, as an attacker would
     return make_newest(path)
 
@@ -116,13 +172,15 @@ def crafted_sharded(folder, marker, slot):
     plain_file = folder.parent / 'eval-8-plain.pt'
     shutil.move(path, plain_file)
     sharded_copy(plain_file, path)
-    if slot == 'metadata': (path / '.metadata').write_bytes(pickle.dumps(Payload(marker)))
+    if slot == 'metadata':
+        (path / '.metadata').write_bytes(pickle.dumps(Payload(marker)))
     elif slot == 'state.pt':
         state = torch.load(path / 'state.pt', weights_only=True)
         state['progress'] = Payload(marker)
         torch.save(state, path / 'state.pt')
     elif slot == 'byte item':  # the optimizer's lr, pointed at a payload appended to the shard file
         from nbtrainer.runfiles import read_shard_metadata
+
         meta = read_shard_metadata(path)
         index = next(i for i in meta.storage_data if i.fqn.endswith('param_groups.0.lr'))
         info = meta.storage_data[index]
@@ -132,12 +190,14 @@ def crafted_sharded(folder, marker, slot):
             info.offset = f.tell()
             f.write(buffer.getvalue())
         info.length = len(buffer.getvalue())
-        with open(path / '.metadata', 'wb') as f: pickle.dump(meta, f)
+        with open(path / '.metadata', 'wb') as f:
+            pickle.dump(meta, f)
     return make_newest(path)
 
 
-SLOTS = [(crafted_plain, s) for s in ('model', 'optimizer', 'callbacks', 'pass')] + \
-        [(crafted_sharded, s) for s in ('metadata', 'state.pt', 'byte item')]
+SLOTS = [(crafted_plain, s) for s in ('model', 'optimizer', 'callbacks', 'pass')] + [
+    (crafted_sharded, s) for s in ('metadata', 'state.pt', 'byte item')
+]
 
 
 @pytest.mark.parametrize('loader', LOADERS, ids=lambda f: f.__name__)
@@ -148,8 +208,10 @@ def test_a_pickle_payload_never_runs(run, loader, craft, slot):
     before = tree(victim)
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')  # resume=True and the Checkpointer's readers skip the file with a warning
-        try: loader(folder, path)
-        except (ValueError, FileNotFoundError) as e: assert loader not in GIVEN_THE_FILE or 'eval-8.pt' in str(e), e
+        try:
+            loader(folder, path)
+        except (ValueError, FileNotFoundError) as e:
+            assert loader not in GIVEN_THE_FILE or 'eval-8.pt' in str(e), e
     assert not marker.exists(), f'{loader.__name__} ran the payload in {slot}'
     assert tree(victim) == before
 
@@ -172,8 +234,10 @@ def with_kept(folder, field, name):
     path = newest(folder)
     state = torch.load(path, weights_only=True)
     kept = state['callbacks']['Checkpointer']
-    if field == 'best': kept['best'] = [[0.0, name, {'step': 8}]]
-    else: kept[field] = [name]
+    if field == 'best':
+        kept['best'] = [[0.0, name, {'step': 8}]]
+    else:
+        kept[field] = [name]
     torch.save(state, path)
     return path
 
@@ -191,7 +255,8 @@ def test_kept_names_outside_the_folder_are_refused(run, field, name):
     assert same_weights(learn.model.state_dict(), weights)  # refused before anything was loaded
     assert tree(victim) == before
     for reader in (lambda: Checkpointer(folder / 'ckpt').table(), lambda: make_learner(folder).load_best()):
-        with pytest.raises(ValueError, match=rf'{path.name}.*Checkpointer\.{field}'): reader()
+        with pytest.raises(ValueError, match=rf'{path.name}.*Checkpointer\.{field}'):
+            reader()
     changed = {k for k in set(tree(folder.parent)) | set(run_files) if tree(folder.parent).get(k) != run_files.get(k)}
     assert all(k.startswith('run/') for k in changed), changed  # the refused fit wrote nothing outside the run
 
@@ -203,14 +268,17 @@ def test_a_side_file_outside_the_folder_is_refused(run, name):
     state = torch.load(path, weights_only=True)
     state['batches']['file'] = name
     torch.save(state, path)
-    with pytest.raises(ValueError, match='per-batch side file'): make_learner(folder.parent / 'other').load(path)
+    with pytest.raises(ValueError, match='per-batch side file'):
+        make_learner(folder.parent / 'other').load(path)
     assert (victim / 'precious.txt').read_text() == 'keep me'
 
 
 def test_a_tensorboard_run_outside_its_folder_is_refused(tmp_path):
     from nbtrainer import TensorBoardLogger
+
     logger = TensorBoardLogger(tmp_path / 'tb')
-    with pytest.raises(ValueError, match='TensorBoardLogger.run'): logger.check_state({'run': '..', 'logged': 0})
+    with pytest.raises(ValueError, match='TensorBoardLogger.run'):
+        logger.check_state({'run': '..', 'logged': 0})
     logger.check_state({'run': '20260101-120000', 'logged': 0})
 
 
@@ -218,20 +286,27 @@ def test_a_shard_outside_the_folder_is_refused(run):
     folder, marker, victim = run
     path = crafted_sharded(folder, marker, None)  # a genuine sharded checkpoint, then its index altered
     from nbtrainer.runfiles import read_shard_metadata
+
     meta = read_shard_metadata(path)
-    for info in meta.storage_data.values(): info.relative_path = '../../../victim/precious.txt'
-    with open(path / '.metadata', 'wb') as f: pickle.dump(meta, f)
+    for info in meta.storage_data.values():
+        info.relative_path = '../../../victim/precious.txt'
+    with open(path / '.metadata', 'wb') as f:
+        pickle.dump(meta, f)
     for loader in (read, plain, learn_load):
-        with pytest.raises(ValueError, match='shard file'): loader(folder, path)
+        with pytest.raises(ValueError, match='shard file'):
+            loader(folder, path)
     assert (victim / 'precious.txt').read_text() == 'keep me'
 
 
 # ---- damaged files: each ends as its documented fallback ----
 
+
 def damage(path, how):
     data = path.read_bytes()
-    if how == 'delete': path.unlink()
-    elif how == 'truncate': path.write_bytes(data[:len(data) // 2])
+    if how == 'delete':
+        path.unlink()
+    elif how == 'truncate':
+        path.write_bytes(data[: len(data) // 2])
     else:
         at = {'start': 0, 'middle': len(data) // 2, 'end': len(data) - 1}[how]
         flipped = bytearray(data)
@@ -244,7 +319,8 @@ HOW = ['start', 'middle', 'end', 'truncate', 'delete']
 
 
 def resolve(folder, name):
-    if name != 'ckpt/best': return folder / name
+    if name != 'ckpt/best':
+        return folder / name
     return Path(Checkpointer(folder / 'ckpt').best())
 
 
@@ -259,11 +335,13 @@ def test_a_damaged_file_ends_as_its_fallback(run, trained, name, how):
     straight.fit(4)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
-        try: resumed = make_learner(folder)
+        try:
+            resumed = make_learner(folder)
         except ValueError as e:  # a damaged registry is refused before anything starts, by name
             assert name == 'runs.db' and 'runs.db' in str(e), e
             return
-        try: resumed.fit(4, resume=True)
+        try:
+            resumed.fit(4, resume=True)
         except ValueError as e:
             assert name == 'runs.db' and 'runs.db' in str(e), e
             return
@@ -303,9 +381,12 @@ def test_a_flip_anywhere_in_a_checkpoint_is_caught_or_harmless(run, trained):
         flipped[at] ^= 0x01
         path.write_bytes(bytes(flipped))
         learn = make_learner(None)
-        try: learn.load(path)
-        except ValueError as e: assert 'eval-12.pt' in str(e), (at, e)
-        else: assert same_weights(learn.model, reference.model), at
+        try:
+            learn.load(path)
+        except ValueError as e:
+            assert 'eval-12.pt' in str(e), (at, e)
+        else:
+            assert same_weights(learn.model, reference.model), at
 
 
 # ---- real processes: killed anywhere, signalled after the last step, a second writer ----
@@ -334,8 +415,9 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('moment', ['before_validate:8', 'after_eval:8', 'after_batch:9', 'after_batch:12',
-                                    'before_validate:24'])
+@pytest.mark.parametrize(
+    'moment', ['before_validate:8', 'after_eval:8', 'after_batch:9', 'after_batch:12', 'before_validate:24']
+)
 def test_killed_anywhere_resumes_to_the_uninterrupted_run(tmp_path, uninterrupted, moment):
     "Every column of the history (grad_norm too), the CSV log, the registry and EarlyStopping's restored best weights."
     folder = tmp_path / 'run'
@@ -345,7 +427,9 @@ def test_killed_anywhere_resumes_to_the_uninterrupted_run(tmp_path, uninterrupte
     assert resumed.returncode == 0, resumed.stderr
     (a, csv_a, reg_a), (b, csv_b, reg_b) = uninterrupted, outcome(folder)
     assert a['step'] == b['step'] == 24
-    assert a['best_step'] == b['best_step'] and a['best_step'] < 24  # the best came before the end: restore_best matters
+    assert (
+        a['best_step'] == b['best_step'] and a['best_step'] < 24
+    )  # the best came before the end: restore_best matters
     assert all(torch.equal(a['model'][k], b['model'][k]) for k in a['model'])  # the best weights, restored after a kill
     assert a['history'] == b['history'] and all('grad_norm' in row for row in b['history'])
     assert csv_a == csv_b and reg_a == reg_b
@@ -379,7 +463,8 @@ def test_a_second_writer_leaves_the_first_runs_files_alone(tmp_path, uninterrupt
         (folder / 'go').touch()
         assert first.wait(timeout=300) == 0, first.stderr.read()
     finally:
-        if first.poll() is None: first.kill()
+        if first.poll() is None:
+            first.kill()
     final, csv, registry = outcome(folder)
     assert all(torch.equal(final['model'][k], uninterrupted[0]['model'][k]) for k in final['model'])
     assert csv == uninterrupted[1] and registry == uninterrupted[2]
@@ -387,6 +472,8 @@ def test_a_second_writer_leaves_the_first_runs_files_alone(tmp_path, uninterrupt
 
 def test_an_mlflow_run_id_that_is_no_id_is_refused():
     from nbtrainer import MLflowLogger
+
     for bad in ('../../victim', 'a' * 31, None, 3):
-        with pytest.raises(ValueError, match='not an MLflow run id'): MLflowLogger().check_state({'run_id': bad, 'logged': 0})
+        with pytest.raises(ValueError, match='not an MLflow run id'):
+            MLflowLogger().check_state({'run_id': bad, 'logged': 0})
     MLflowLogger().check_state({'run_id': '0123456789abcdef0123456789abcdef', 'logged': 4})

@@ -5,6 +5,7 @@ file, or in the documented fallback, and nothing outside the folder changes. The
 are real: a read-only bind mount and a tiny tmpfs, each in a user and mount namespace of its own (`unshare -rm`), which
 works as root (where `chmod 444` does not stop a writer) and as a user; the full disk is also simulated in the process
 by filling the pages SQLite may use (`PRAGMA max_page_count`, SQLITE_FULL)."""
+
 import hashlib, json, os, shutil, sqlite3, subprocess, sys, textwrap, warnings
 from contextlib import closing
 from pathlib import Path
@@ -17,14 +18,18 @@ from conftest import BIN, ROOT
 from nbtrainer import Callback, Checkpointer, Learner, Order, Tracker, runs
 from nbtrainer.testing import classification_data, raises, same_weights, synth_learner, tiny_classifier
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings('ignore:checkpoint .* has state for callbacks this Learner lacks')]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings('ignore:checkpoint .* has state for callbacks this Learner lacks'),
+]
 
 
 def make(cbs=()):
     "A seeded classifier with dropout (so the random streams matter), 24 optimizer steps over 4 epochs."
     torch.manual_seed(0)
-    train = DataLoader(classification_data(96, seed=0), batch_size=16, shuffle=True,
-                       generator=torch.Generator().manual_seed(1))
+    train = DataLoader(
+        classification_data(96, seed=0), batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(1)
+    )
     valid = DataLoader(classification_data(48, seed=1), batch_size=24)
     return Learner(tiny_classifier(dropout=0.2), train, valid, lr=0.01, progress=False, cbs=list(cbs))
 
@@ -57,22 +62,24 @@ def sql(db, statement, params=()):
         return con.execute(statement, params).fetchall()
 
 
-def stored_folder(db, run_id=1): return sql(db, 'SELECT checkpoints FROM runs WHERE id = ?', (run_id,))[0][0]
+def stored_folder(db, run_id=1):
+    return sql(db, 'SELECT checkpoints FROM runs WHERE id = ?', (run_id,))[0][0]
 
 
-def set_folder(db, text, run_id=1): sql(db, 'UPDATE runs SET checkpoints = ? WHERE id = ?', (text, run_id))
+def set_folder(db, text, run_id=1):
+    sql(db, 'UPDATE runs SET checkpoints = ? WHERE id = ?', (text, run_id))
 
 
 def test_a_moved_or_copied_registry_forks_from_its_own_files(tmp_path):
     db = train_registry(tmp_path / 'original')
     assert stored_folder(db) == 'ckpt'  # relative to the database's folder
-    run, = runs(db)
+    (run,) = runs(db)
     assert run.checkpoints == str((tmp_path / 'original' / 'ckpt').resolve())
     reference = {step: branch_weights(run, step) for step in (12, 18)}  # forks done in the original place
 
     # moved: the original place is gone, so nothing can be read from it
     shutil.move(tmp_path / 'original', tmp_path / 'moved')
-    run, = runs(tmp_path / 'moved' / 'experiments.db')
+    (run,) = runs(tmp_path / 'moved' / 'experiments.db')
     assert run.checkpoints == str((tmp_path / 'moved' / 'ckpt').resolve())
     assert same_weights(branch_weights(run, 12), reference[12])
 
@@ -81,9 +88,13 @@ def test_a_moved_or_copied_registry_forks_from_its_own_files(tmp_path):
     (tmp_path / 'copy' / 'ckpt' / 'eval-12.pt').unlink()
     (tmp_path / 'moved' / 'ckpt' / 'eval-18.pt').write_bytes(b'the original, changed after the copy')
     before = snapshot(tmp_path, leave_out=[tmp_path / 'copy'])
-    run, = runs(tmp_path / 'copy' / 'experiments.db')
-    raises(lambda: run.fork(12, make), 'kept no state for the evaluation at step 12', str(tmp_path / 'copy' / 'ckpt'),
-           'steps [6, 18, 24]')
+    (run,) = runs(tmp_path / 'copy' / 'experiments.db')
+    raises(
+        lambda: run.fork(12, make),
+        'kept no state for the evaluation at step 12',
+        str(tmp_path / 'copy' / 'ckpt'),
+        'steps [6, 18, 24]',
+    )
     assert same_weights(branch_weights(run, 18), reference[18])
     assert snapshot(tmp_path, leave_out=[tmp_path / 'copy']) == before  # the branches wrote into no other folder
 
@@ -96,8 +107,12 @@ def test_an_old_database_with_absolute_folders_still_forks(tmp_path):
     assert same_weights(branch_weights(runs(db)[0], 12), reference)
     # moved with its database, an absolute folder still names the old place: the fork says so, and reads nothing
     shutil.move(tmp_path / 'old', tmp_path / 'moved')
-    raises(lambda: runs(tmp_path / 'moved' / 'experiments.db')[0].fork(12, make), 'kept its checkpoints in',
-           str(tmp_path / 'old' / 'ckpt'), 'is not there')
+    raises(
+        lambda: runs(tmp_path / 'moved' / 'experiments.db')[0].fork(12, make),
+        'kept its checkpoints in',
+        str(tmp_path / 'old' / 'ckpt'),
+        'is not there',
+    )
 
 
 def test_crafted_checkpoint_folders_are_refused(tmp_path):
@@ -113,16 +128,18 @@ def test_crafted_checkpoint_folders_are_refused(tmp_path):
     files = [db, home / 'experiments.db-wal', home / 'experiments.db-shm']
     before = snapshot(tmp_path, leave_out=files)
     original = stored_folder(db)
-    for text, words in (('../../victim', (str(db), "run 1's 'checkpoints' field climbs out of its folder", 'refused')),
-                        ('ckpt/../../../victim', ("'checkpoints' field climbs out",)),
-                        (str(victim / '..' / 'victim'), ("'checkpoints' field climbs out",)),
-                        ('..\\..\\victim', ("'checkpoints' field climbs out",)),
-                        ('ckpt\0/x', ("run 1's 'checkpoints' field holds a NUL character",)),
-                        (' ', ("'checkpoints' field is empty",)),
-                        ('second', ("second/eval-12.pt holds run 2's state at step 12, not run 1's",)),  # another run's
-                        (str(tmp_path / 'other' / 'ckpt2'), ("ckpt2/eval-12.pt holds run 2's state at step 12",)),
-                        ('anonymous', ('anonymous/eval-12.pt does not say which run it holds', "run 1's")),
-                        (str(victim), (str(victim / 'eval-12.pt'),))):  # read and checked as any file, never changed
+    for text, words in (
+        ('../../victim', (str(db), "run 1's 'checkpoints' field climbs out of its folder", 'refused')),
+        ('ckpt/../../../victim', ("'checkpoints' field climbs out",)),
+        (str(victim / '..' / 'victim'), ("'checkpoints' field climbs out",)),
+        ('..\\..\\victim', ("'checkpoints' field climbs out",)),
+        ('ckpt\0/x', ("run 1's 'checkpoints' field holds a NUL character",)),
+        (' ', ("'checkpoints' field is empty",)),
+        ('second', ("second/eval-12.pt holds run 2's state at step 12, not run 1's",)),  # another run's
+        (str(tmp_path / 'other' / 'ckpt2'), ("ckpt2/eval-12.pt holds run 2's state at step 12",)),
+        ('anonymous', ('anonymous/eval-12.pt does not say which run it holds', "run 1's")),
+        (str(victim), (str(victim / 'eval-12.pt'),)),
+    ):  # read and checked as any file, never changed
         set_folder(db, text)
         raises(lambda: runs(db)[1].fork(12, make), *words)
         raises(lambda: runs(db)[1].fork(12), *words)
@@ -137,13 +154,15 @@ def test_crafted_checkpoint_folders_are_refused(tmp_path):
 
 def test_crafted_rows_get_one_clear_error(tmp_path):
     db = train_registry(tmp_path / 'home')
-    for column, value, words in (('config', '{"lr": ', ("run 1 has a damaged 'config' field",)),
-                                 ('config', '[1, 2]', ("damaged 'config'",)),
-                                 ('tags', '"x"', ("damaged 'tags'",)),
-                                 ('parent', '{"run": "1; DROP TABLE runs", "step": 2}', ("damaged 'parent'",)),
-                                 ('started', 'yesterday', ("damaged 'started'",)),
-                                 ('status', b'\x1b', ("damaged 'status'",)),  # a BLOB
-                                 ('config', '[' * 100000 + ']' * 100000, ("damaged 'config'",))):
+    for column, value, words in (
+        ('config', '{"lr": ', ("run 1 has a damaged 'config' field",)),
+        ('config', '[1, 2]', ("damaged 'config'",)),
+        ('tags', '"x"', ("damaged 'tags'",)),
+        ('parent', '{"run": "1; DROP TABLE runs", "step": 2}', ("damaged 'parent'",)),
+        ('started', 'yesterday', ("damaged 'started'",)),
+        ('status', b'\x1b', ("damaged 'status'",)),  # a BLOB
+        ('config', '[' * 100000 + ']' * 100000, ("damaged 'config'",)),
+    ):
         copy = tmp_path / f'copy-{column}.db'
         shutil.copy(db, copy)
         sql(copy, f'UPDATE runs SET {column} = ?', (value,))
@@ -153,8 +172,10 @@ def test_crafted_rows_get_one_clear_error(tmp_path):
     sql(copy, "UPDATE evals SET row = '{\"step\": ' WHERE seq = 1")
     raises(lambda: runs(copy)[0].history, 'run 1 has a damaged history row (seq 1)')
     # a run forked from run 1 at step 30 owns run 1's state at step 12; runs whose parents make a loop own nothing else
-    insert = ("INSERT INTO runs (id, status, started, heartbeat, beat_every, config, parent, checkpoints) "
-              "VALUES (?, 'finished', 0, 0, 10, '{}', ?, 'elsewhere')")
+    insert = (
+        "INSERT INTO runs (id, status, started, heartbeat, beat_every, config, parent, checkpoints) "
+        "VALUES (?, 'finished', 0, 0, 10, '{}', ?, 'elsewhere')"
+    )
     for run_id, parent in ((2, '{"run": 1, "step": 30}'), (3, '{"run": 4, "step": 30}'), (4, '{"run": 3, "step": 30}')):
         sql(db, insert, (run_id, parent))
     (tmp_path / 'home' / 'elsewhere').mkdir()
@@ -165,9 +186,13 @@ def test_crafted_rows_get_one_clear_error(tmp_path):
 
 
 def test_a_crafted_tracker_state_is_refused():
-    for state in ({'run': '1; DROP TABLE runs', 'rows': 0, 'best': [None, None]},
-                  {'run': 1, 'rows': -1, 'best': [None, None]},
-                  {'run': 1, 'rows': 0, 'best': [1.0, 2, 3]}, {'run': 1, 'rows': 0}, ['run', 1]):
+    for state in (
+        {'run': '1; DROP TABLE runs', 'rows': 0, 'best': [None, None]},
+        {'run': 1, 'rows': -1, 'best': [None, None]},
+        {'run': 1, 'rows': 0, 'best': [1.0, 2, 3]},
+        {'run': 1, 'rows': 0},
+        ['run', 1],
+    ):
         raises(lambda: Tracker().load_state_dict(state), 'not a Tracker state')
 
 
@@ -176,18 +201,24 @@ def damage(db, where, how):
     data = bytearray(db.read_bytes())
     page = 4096
     offset = {'start': 60, 'header': 18, 'middle': len(data) // 2 + 700, 'end': len(data) - 300}[where]
-    if how == 'flip': data[offset] ^= 0x10
+    if how == 'flip':
+        data[offset] ^= 0x10
     elif how == 'page':
         start = offset // page * page
-        data[start:start + page] = torch.randint(0, 256, (page,), generator=torch.Generator().manual_seed(start),
-                                                 dtype=torch.uint8).numpy().tobytes()
-    elif how == 'truncate': del data[offset:]
+        data[start : start + page] = (
+            torch.randint(0, 256, (page,), generator=torch.Generator().manual_seed(start), dtype=torch.uint8)
+            .numpy()
+            .tobytes()
+        )
+    elif how == 'truncate':
+        del data[offset:]
     db.write_bytes(bytes(data))
 
 
 def clear_or_intact(f, path):
     "Call f: it either works, or fails with one clear error (ValueError or OSError) naming the file; nothing else."
-    try: return f()
+    try:
+        return f()
     except (ValueError, OSError) as e:
         assert str(path) in str(e), e
         return e
@@ -197,12 +228,14 @@ def clear_or_intact(f, path):
 @pytest.mark.parametrize('where', ['header', 'start', 'middle', 'end'])
 def test_damaged_bytes_end_in_a_clear_error_or_intact(tmp_path, where, how):
     db = train_registry(tmp_path / 'home')
-    for notes in ('two', 'three'): synth_learner(cbs=[Tracker(db, notes=notes)]).fit(3)
+    for notes in ('two', 'three'):
+        synth_learner(cbs=[Tracker(db, notes=notes)]).fit(3)
     damage(db, where, how)
     before = snapshot(tmp_path, leave_out=[tmp_path / 'home'])
     found = clear_or_intact(lambda: runs(db), db)
     if not isinstance(found, Exception):
-        for run in found: clear_or_intact(lambda: run.history, db)
+        for run in found:
+            clear_or_intact(lambda: run.history, db)
     learn = synth_learner(cbs=[Tracker(db)])
     initial = [p.detach().clone() for p in learn.model.parameters()]
     with warnings.catch_warnings(record=True) as caught:
@@ -221,11 +254,14 @@ def test_damaged_bytes_end_in_a_clear_error_or_intact(tmp_path, where, how):
 
 def test_a_garbage_page_is_refused_before_the_first_step(tmp_path):
     db = tmp_path / 'experiments.db'
-    for i in range(6): synth_learner(cbs=[Tracker(db, notes='x' * 3000)]).fit(5)  # pages of runs and of history rows
+    for i in range(6):
+        synth_learner(cbs=[Tracker(db, notes='x' * 3000)]).fit(5)  # pages of runs and of history rows
     pages = sql(db, 'PRAGMA page_count')[0][0]
     damage(db, 'middle', 'page')
-    try: assert sql(db, 'PRAGMA quick_check')[0][0] != 'ok'  # the damage is real: SQLite's own check finds it
-    except sqlite3.DatabaseError: pass
+    try:
+        assert sql(db, 'PRAGMA quick_check')[0][0] != 'ok'  # the damage is real: SQLite's own check finds it
+    except sqlite3.DatabaseError:
+        pass
     assert pages > 4
     tracker = Tracker(db)
     learn = synth_learner(cbs=[tracker])
@@ -245,7 +281,8 @@ def test_a_deleted_wal_or_shm_reads_as_the_last_checkpoint(tmp_path):
         copy = tmp_path / f'without{lost}'
         shutil.copytree(tmp_path / 'live', copy)
         (copy / f'experiments.db{lost}').unlink()
-        if lost == '-wal': (copy / 'experiments.db-shm').unlink()  # a WAL deleted with its index
+        if lost == '-wal':
+            (copy / 'experiments.db-shm').unlink()  # a WAL deleted with its index
         notes = [r.notes for r in runs(copy / 'experiments.db')]
         assert notes == (['merged'] if lost == '-wal' else ['in the wal', 'merged'])
         synth_learner(cbs=[Tracker(copy / 'experiments.db', notes='after')]).fit(1)  # and it takes new runs
@@ -255,17 +292,21 @@ def test_a_deleted_wal_or_shm_reads_as_the_last_checkpoint(tmp_path):
 
 class FullAt(Callback):
     "At the evaluation at `step`, cap the Tracker's database at the pages it has (what SQLite does on a full disk)."
+
     order = Order.WRITE - 1
 
-    def __init__(self, tracker, step): self.tracker, self.step = tracker, step
+    def __init__(self, tracker, step):
+        self.tracker, self.step = tracker, step
 
     def after_eval(self):
         if self.learn.step == self.step:
             con = self.tracker._con
             con.execute(f"PRAGMA max_page_count = {con.execute('PRAGMA page_count').fetchone()[0]}")
             try:  # fill the pages it has, as the other files on a disk fill it
-                for seq in range(10**6): con.execute("INSERT INTO evals VALUES (-1, ?, NULL, 'filler')", (seq,))
-            except sqlite3.OperationalError as e: assert e.sqlite_errorname == 'SQLITE_FULL'
+                for seq in range(10**6):
+                    con.execute("INSERT INTO evals VALUES (-1, ?, NULL, 'filler')", (seq,))
+            except sqlite3.OperationalError as e:
+                assert e.sqlite_errorname == 'SQLITE_FULL'
 
 
 def test_a_full_disk_during_a_fit_warns_and_trains_on(tmp_path):
@@ -280,7 +321,7 @@ def test_a_full_disk_during_a_fit_warns_and_trains_on(tmp_path):
     assert same_weights(learn.model, reference.model) and learn.fit_outcome == 'finished'
     stopped = [str(w.message) for w in caught if 'stopped recording' in str(w.message)]
     assert len(stopped) == 1 and str(db) in stopped[0] and 'disk holding it is full' in stopped[0], stopped
-    run, = runs(db)
+    (run,) = runs(db)
     assert [r['step'] for r in run.history] == [4] and run.status == 'running'  # it wrote nothing more
     assert runs(db, stale_after=0)[0].status == 'died'
     assert tracker.state_dict() == {}  # a resume would not continue a run it stopped recording
@@ -290,9 +331,11 @@ def unshare_works(tmp_path):
     probe = tmp_path / 'probe'
     probe.mkdir()
     try:
-        done = subprocess.run(['unshare', '-rm', 'sh', '-c', f'mount -t tmpfs -o size=64k tmpfs {probe}'],
-                              capture_output=True, timeout=60)
-    except (OSError, subprocess.SubprocessError): return False
+        done = subprocess.run(
+            ['unshare', '-rm', 'sh', '-c', f'mount -t tmpfs -o size=64k tmpfs {probe}'], capture_output=True, timeout=60
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
     return done.returncode == 0
 
 
@@ -300,20 +343,28 @@ def in_namespace(tmp_path, mount, code):
     "Run `code` (Python) after the shell command `mount`, in a user and mount namespace: the mount is its alone."
     script = tmp_path / 'child.py'
     script.write_text(textwrap.dedent(code))
-    done = subprocess.run(['unshare', '-rm', 'sh', '-c', f'{mount} && exec {sys.executable} {script}'],
-                          capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT / 'tests')))
+    done = subprocess.run(
+        ['unshare', '-rm', 'sh', '-c', f'{mount} && exec {sys.executable} {script}'],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, PYTHONPATH=str(ROOT / 'tests')),
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_a_read_only_filesystem_is_read_and_refused_clearly(tmp_path):
-    if not unshare_works(tmp_path): pytest.skip('needs unshare -rm (user and mount namespaces) for a read-only mount')
+    if not unshare_works(tmp_path):
+        pytest.skip('needs unshare -rm (user and mount namespaces) for a read-only mount')
     home = tmp_path / 'ro'
     db = train_registry(home)
     synth_learner(cbs=[Tracker(db, notes='second \x1b[2J')]).fit(1)
     before = snapshot(tmp_path)
-    result = in_namespace(tmp_path, f'mount --bind {home} {home} && mount -o remount,ro,bind {home}', f'''
+    result = in_namespace(
+        tmp_path,
+        f'mount --bind {home} {home} && mount -o remount,ro,bind {home}',
+        f'''
         import json, torch, warnings
         from pathlib import Path
         from nbtrainer import Tracker, runs
@@ -334,21 +385,27 @@ def test_a_read_only_filesystem_is_read_and_refused_clearly(tmp_path):
         except PermissionError as e: out['fit'] = str(e)
         out['untouched'] = learn.step == 0 and bool(torch.equal(learn.model.weight, initial))
         print(json.dumps(out))
-    ''')
+    ''',
+    )
     assert result['writable'] is False  # really read-only, for root too
     assert result['notes'] == ['second \x1b[2J', ''] and result['rows'] == 4 and result['fork'] == 12
     reference = runs(db)[1].fork(12, make)
     assert [p.tolist() for p in reference.model.parameters()] == result['branch']
-    for refused in (result['note'], result['fit']): assert f'{db} is read-only' in refused and 'can read it' in refused
+    for refused in (result['note'], result['fit']):
+        assert f'{db} is read-only' in refused and 'can read it' in refused
     assert result['untouched']
     assert snapshot(tmp_path, leave_out=[tmp_path / 'child.py']) == before
 
 
 def test_a_full_disk_is_read_and_refused_clearly(tmp_path):
-    if not unshare_works(tmp_path): pytest.skip('needs unshare -rm (user and mount namespaces) to mount a small tmpfs')
+    if not unshare_works(tmp_path):
+        pytest.skip('needs unshare -rm (user and mount namespaces) to mount a small tmpfs')
     disk = tmp_path / 'disk'
     disk.mkdir()
-    result = in_namespace(tmp_path, f'mount -t tmpfs -o size=1m tmpfs {disk}', f'''
+    result = in_namespace(
+        tmp_path,
+        f'mount -t tmpfs -o size=1m tmpfs {disk}',
+        f'''
         import json, warnings
         from pathlib import Path
         from nbtrainer import Callback, Order, Tracker, runs
@@ -389,13 +446,16 @@ def test_a_full_disk_is_read_and_refused_clearly(tmp_path):
                 out['next'] = [same_weights(learn.model, reference.model)]
         out['next_warnings'] = [str(w.message) for w in caught if 'Tracker' in str(w.message)]
         print(json.dumps(out))
-    ''')
+    ''',
+    )
     assert result['same']  # the fit trained on
     assert len(result['warnings']) == 1 and 'disk holding it is full' in result['warnings'][0], result['warnings']
     assert result['notes'] == ['filled', 'before'] and result['rows'] in ([0, 2], [1, 2])  # read on the full disk
     # another fit on the full disk: refused before its first step, or it warns once and trains on
-    if len(result['next']) == 2: assert 'disk holding it is full' in result['next'][0] and result['next'][1] == 0
-    else: assert result['next'] == [True] and len(result['next_warnings']) == 1
+    if len(result['next']) == 2:
+        assert 'disk holding it is full' in result['next'][0] and result['next'][1] == 0
+    else:
+        assert result['next'] == [True] and len(result['next_warnings']) == 1
 
 
 def test_the_command_line_refuses_bad_input_and_prints_no_control_characters(tmp_path):

@@ -1,6 +1,7 @@
 """SIGTERM during a fit, in a real process and in 2 DDP ranks under torchrun: the fit finishes its step, checkpoints it,
 ends as 'preempted' (the registry says so), the process exits with 143, and a resumed run ends bit-identical to an
 uninterrupted one (issue #18)."""
+
 import os, signal, subprocess, sys, time
 
 import pytest
@@ -31,8 +32,13 @@ def preempted_then_resumed(tmp_path, launcher, ranks, accumulate):
     args = ['--accumulate', str(accumulate)]
     subprocess.run(launcher + [WORKER, str(tmp_path / 'straight'), *args], check=True, timeout=600, env=ENV)
     folder = tmp_path / 'preempted'
-    proc = subprocess.Popen(launcher + [WORKER, str(folder), '--slow', *args], env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        launcher + [WORKER, str(folder), '--slow', *args],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     wait_for([folder / f'started-{r}' for r in range(ranks)], proc)
     proc.send_signal(signal.SIGTERM)
     output = proc.communicate(timeout=300)[0]
@@ -43,6 +49,7 @@ def preempted_then_resumed(tmp_path, launcher, ranks, accumulate):
     total = 3 * 80 // accumulate // ranks  # 640 examples in batches of 8, sharded over the ranks
     assert 5 <= step < total and saved[0]['pass']['batches_done'] % accumulate == 0  # at a step boundary
     from nbtrainer import runs
+
     run = runs(folder / 'runs.db')[-1]
     assert run.status == 'preempted' and f'at step {step}' in (run.message or ''), (run.status, run.message)
 

@@ -1,4 +1,5 @@
 """index.ipynb, the quick start, run headless in a real Jupyter kernel (nbclient)."""
+
 import nbformat
 import pytest
 from nbclient import NotebookClient

@@ -1,4 +1,5 @@
 """An uninterrupted run against one killed with SIGKILL mid-epoch and resumed: bit-identical weights and history."""
+
 import signal, subprocess, sys, time
 
 import pytest
@@ -50,6 +51,7 @@ def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
 
 def tensorboard_series(folder):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     series = {}
     for split, tags in (('train', ('loss', 'lr')), ('valid', ('loss', 'accuracy'))):
         acc = EventAccumulator(str(folder / 'tb' / 'run' / split))
@@ -61,6 +63,7 @@ def tensorboard_series(folder):
 def flip_a_bit(path):
     "Flip one bit in the middle of the largest tensor record of a checkpoint (a zip file), as a bad disk or copy would."
     import zipfile
+
     with zipfile.ZipFile(path) as z:
         info = max(z.infolist(), key=lambda i: i.file_size)
     data = bytearray(path.read_bytes())
@@ -69,13 +72,16 @@ def flip_a_bit(path):
 
 
 def snapshot(folder):
-    return {p.relative_to(folder): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(folder.rglob('*')) if p.is_file()}
+    return {
+        p.relative_to(folder): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(folder.rglob('*')) if p.is_file()
+    }
 
 
 def test_a_run_folder_can_be_copied_corrupted_and_moved(tmp_path):
     "A killed run's folder copied elsewhere resumes there in a fresh process, bit for bit, leaving the original alone, even"
     "with its newest checkpoint corrupted; a finished run's folder moved elsewhere gives its best checkpoint to a fresh process."
     import shutil
+
     subprocess.run(WORKER + [str(tmp_path / 'straight')], check=True, timeout=300)
     folder = tmp_path / 'killed'
     started = kill_mid_run(folder)

@@ -7,6 +7,7 @@ first batch's checks, between evaluations and checkpoints, and before the Record
 compares the count with a hand-written loop doing the same arithmetic. Progress bars read at a throttled wall-clock
 refresh; here their refresh is set beyond the test's length so that the count does not depend on the machine's speed.
 """
+
 import contextlib, io, itertools
 
 import pytest
@@ -15,8 +16,19 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from nbtrainer import (EMA, Callback, Checkpointer, CSVLogger, EarlyStopping, Learner, ProgressCallback,
-                       ReduceLROnPlateau, TensorBoardLogger, Tracker, head_body)
+from nbtrainer import (
+    EMA,
+    Callback,
+    Checkpointer,
+    CSVLogger,
+    EarlyStopping,
+    Learner,
+    ProgressCallback,
+    ReduceLROnPlateau,
+    TensorBoardLogger,
+    Tracker,
+    head_body,
+)
 
 HOST_READS = ('item', 'tolist', '__bool__', '__float__', '__int__', '__index__', 'cpu', 'numpy')
 START, STOP = 20, 60  # the window: batches START..STOP-1 of the first epoch (of 128)
@@ -24,22 +36,30 @@ START, STOP = 20, 60  # the window: batches START..STOP-1 of the first epoch (of
 
 class HostReads:
     "Counts calls of the host-read methods of torch.Tensor while `counting` is True."
-    def __init__(self): self.count, self.counting, self.where = 0, False, []
+
+    def __init__(self):
+        self.count, self.counting, self.where = 0, False, []
 
     @contextlib.contextmanager
     def installed(self):
         originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
         def wrap(name, f):
             def counted(*args, **kwargs):
                 if self.counting:
                     self.count += 1
                     self.where.append(name)
                 return f(*args, **kwargs)
+
             return counted
-        for name, f in originals.items(): setattr(torch.Tensor, name, wrap(name, f))
-        try: yield self
+
+        for name, f in originals.items():
+            setattr(torch.Tensor, name, wrap(name, f))
+        try:
+            yield self
         finally:
-            for name, f in originals.items(): setattr(torch.Tensor, name, f)
+            for name, f in originals.items():
+                setattr(torch.Tensor, name, f)
 
 
 def data():
@@ -65,47 +85,77 @@ def hand_written(reads, precision, accumulate, clip):
         with torch.autocast('cpu', dtype=dtype, enabled=dtype is not None):
             loss = F.cross_entropy(net(x), y) / accumulate
         (scaler.scale(loss) if scaler else loss).backward()
-        if (i + 1) % accumulate: continue
+        if (i + 1) % accumulate:
+            continue
         if clip:
-            if scaler: scaler.unscale_(opt)
+            if scaler:
+                scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
         if scaler:
             scaler.step(opt)
             scaler.update()
-        else: opt.step()
+        else:
+            opt.step()
         opt.zero_grad()
     reads.counting = False
 
 
 class Window(Callback):
     "Count host reads from the START-th training batch of the first epoch to the STOP-th."
+
     order = -1000  # before every other callback's before_batch, and (run last) after every after_batch
-    def __init__(self, reads): self.reads = reads
+
+    def __init__(self, reads):
+        self.reads = reads
+
     def before_batch(self):
-        if self.learn.training: self.reads.counting = self.learn.epoch == 0 and START <= self.learn.iter < STOP
-    def after_fit(self): self.reads.counting = False
+        if self.learn.training:
+            self.reads.counting = self.learn.epoch == 0 and START <= self.learn.iter < STOP
+
+    def after_fit(self):
+        self.reads.counting = False
 
 
 def learner(reads, tmp_path, precision='fp32', accumulate=1, clip=None, extras=()):
     cbs = [Window(reads), ProgressCallback(refresh=1e9, file=io.StringIO())]
     kwargs = {}
-    if 'train_metrics' in extras: kwargs['train_metrics'] = ('accuracy',)
+    if 'train_metrics' in extras:
+        kwargs['train_metrics'] = ('accuracy',)
     if 'finetune' in extras:  # two lr groups, the body frozen, an EMA (fp16: its skipped-step test on the device)
         cbs += [EMA(decay=0.99), ReduceLROnPlateau(patience=1)]
         kwargs.update(splitter=head_body, lr=slice(1e-4, 1e-3))
     if 'writers' in extras:
-        cbs += [CSVLogger(tmp_path / 'log.csv'), TensorBoardLogger(tmp_path / 'tb'), Checkpointer(tmp_path / 'ckpt'),
-                Tracker(tmp_path / 'runs.db'), EarlyStopping(patience=3)]
-    learn = Learner(model(), DataLoader(data(), batch_size=8), DataLoader(data(), batch_size=64),
-                    **{'lr': 1e-3, **kwargs}, precision=precision, accumulate=accumulate, clip_grad_norm=clip,
-                    progress=False, cbs=cbs)
-    if 'finetune' in extras: learn.freeze()
+        cbs += [
+            CSVLogger(tmp_path / 'log.csv'),
+            TensorBoardLogger(tmp_path / 'tb'),
+            Checkpointer(tmp_path / 'ckpt'),
+            Tracker(tmp_path / 'runs.db'),
+            EarlyStopping(patience=3),
+        ]
+    learn = Learner(
+        model(),
+        DataLoader(data(), batch_size=8),
+        DataLoader(data(), batch_size=64),
+        **{'lr': 1e-3, **kwargs},
+        precision=precision,
+        accumulate=accumulate,
+        clip_grad_norm=clip,
+        progress=False,
+        cbs=cbs,
+    )
+    if 'finetune' in extras:
+        learn.freeze()
     return learn
 
 
 CASES = [(p, a, c, ()) for p, a, c in itertools.product(('fp32', 'bf16', 'fp16'), (1, 2), (None, 1.0))]
-CASES += [('fp32', 1, None, ('train_metrics',)), ('fp16', 2, 1.0, ('train_metrics', 'writers')),
-          ('bf16', 1, None, ('writers',)), ('fp32', 1, None, ('finetune',)), ('fp16', 2, 1.0, ('finetune',))]
+CASES += [
+    ('fp32', 1, None, ('train_metrics',)),
+    ('fp16', 2, 1.0, ('train_metrics', 'writers')),
+    ('bf16', 1, None, ('writers',)),
+    ('fp32', 1, None, ('finetune',)),
+    ('fp16', 2, 1.0, ('finetune',)),
+]
 
 
 @pytest.mark.parametrize('precision,accumulate,clip,extras', CASES)
@@ -122,8 +172,11 @@ def test_no_more_host_reads_per_step_than_a_hand_written_loop(tmp_path, precisio
 
 def test_the_counter_sees_a_read():
     "The counter is real: a loop that reads its loss each step is caught."
+
     class ReadsLoss(Callback):
-        def after_loss(self): self.value = self.learn.loss.item()
+        def after_loss(self):
+            self.value = self.learn.loss.item()
+
     counts = []
     for cbs in ([], [ReadsLoss()]):
         with HostReads().installed() as reads:

@@ -1,10 +1,10 @@
 """The experiment registry across processes: killed, failed and stopped runs told apart; four concurrent writers;
 kill-and-resume continuing the same run (Tracker and MLflow); one row under DDP; the command line; the notebook path
 a real Jupyter server gives its kernel."""
+
 import importlib.util, json, os, signal, socket, subprocess, sys, time, urllib.request
 
 import pytest
-import torch
 import torch.distributed as dist
 
 from conftest import BIN, ROOT
@@ -27,16 +27,19 @@ def finish(proc, timeout=300):
 def wait_for(condition, timeout=120, what='condition'):
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if condition(): return
+        if condition():
+            return
         time.sleep(0.05)
     raise AssertionError(f'timed out waiting for {what}')
 
 
 class EndAt(Callback):
-    def __init__(self, step, error): self.step, self.error = step, error
+    def __init__(self, step, error):
+        self.step, self.error = step, error
 
     def after_batch(self):
-        if self.learn.training and self.learn.step == self.step: raise self.error
+        if self.learn.training and self.learn.step == self.step:
+            raise self.error
 
 
 @pytest.mark.slow  # a worker process killed mid-fit
@@ -44,8 +47,10 @@ def test_killed_failed_stopped_and_finished_runs_are_told_apart(tmp_path):
     db = tmp_path / 'runs.db'
     synth_learner(cbs=[Tracker(db, notes='finished')]).fit(2)
     for error in (RuntimeError('out of memory'), CancelFitException('patience ran out'), KeyboardInterrupt()):
-        try: synth_learner(cbs=[Tracker(db, notes=type(error).__name__), EndAt(6, error)]).fit(3)
-        except (RuntimeError, KeyboardInterrupt): pass
+        try:
+            synth_learner(cbs=[Tracker(db, notes=type(error).__name__), EndAt(6, error)]).fit(3)
+        except (RuntimeError, KeyboardInterrupt):
+            pass
     proc = worker(db=str(db), kill_at=6, eval_every=3, beat_every=0.2, name='killed')
     assert proc.wait(timeout=300) == -signal.SIGKILL
     # it wrote no status: with a generous threshold it still reads as running, then as died once its heartbeat is stale
@@ -53,9 +58,12 @@ def test_killed_failed_stopped_and_finished_runs_are_told_apart(tmp_path):
     wait_for(lambda: runs(db, stale_after=1.0)[0].status == 'died', what='the killed run to read as died')
     found = runs(db, stale_after=1.0)
     assert [(r.notes, r.status, r.message) for r in found] == [
-        ('killed fit 0', 'died', None), ('KeyboardInterrupt', 'stopped', 'KeyboardInterrupt'),
-        ('CancelFitException', 'stopped', 'patience ran out'), ('RuntimeError', 'failed', 'RuntimeError: out of memory'),
-        ('finished', 'finished', None)]
+        ('killed fit 0', 'died', None),
+        ('KeyboardInterrupt', 'stopped', 'KeyboardInterrupt'),
+        ('CancelFitException', 'stopped', 'patience ran out'),
+        ('RuntimeError', 'failed', 'RuntimeError: out of memory'),
+        ('finished', 'finished', None),
+    ]
     killed = found[0]
     assert [r['step'] for r in killed.history] == [3, 6] and killed.ended is None and killed.best['step'] in (3, 6)
     assert all(r.ended is not None for r in found[1:])
@@ -65,8 +73,20 @@ def test_killed_failed_stopped_and_finished_runs_are_told_apart(tmp_path):
 def test_four_concurrent_writers_lose_nothing(tmp_path):
     db, gate = tmp_path / 'shared' / 'runs.db', tmp_path / 'go'
     # a new database (four processes race to create it); heartbeats every 5 ms on top of a row per step; tags edited
-    procs = [worker(db=str(db), gate=str(gate), name=f'w{i}', study=f'w{i}', fits=3, epochs=2, eval_every=1,
-                    beat_every=0.005, tag=True) for i in range(4)]
+    procs = [
+        worker(
+            db=str(db),
+            gate=str(gate),
+            name=f'w{i}',
+            study=f'w{i}',
+            fits=3,
+            epochs=2,
+            eval_every=1,
+            beat_every=0.005,
+            tag=True,
+        )
+        for i in range(4)
+    ]
     gate.write_text('go')
     errors = [finish(p) for p in procs]
     assert not [e for e in errors if 'locked' in e or 'Traceback' in e or 'heartbeat' in e], errors
@@ -85,37 +105,61 @@ def test_four_concurrent_writers_lose_nothing(tmp_path):
 def test_resume_after_sigkill_continues_the_same_run(tmp_path):
     pytest.importorskip('mlflow')
     from mlflow.tracking import MlflowClient
+
     uri = f'sqlite:///{tmp_path}/mlflow.db'
     client = MlflowClient(uri)
     for name in ('straight', 'killed'):
         client.create_experiment(name, artifact_location=str(tmp_path / 'artifacts' / name))
 
     common = dict(eval_every=1, epochs=3, mlflow=uri, beat_every=0.2)
-    finish(worker(db=str(tmp_path / 'straight.db'), experiment='straight', checkpoints=str(tmp_path / 'ckpt-straight'),
-                  out=str(tmp_path / 'straight.json'), **common))
+    finish(
+        worker(
+            db=str(tmp_path / 'straight.db'),
+            experiment='straight',
+            checkpoints=str(tmp_path / 'ckpt-straight'),
+            out=str(tmp_path / 'straight.json'),
+            **common,
+        )
+    )
     killed_db, folder = tmp_path / 'killed.db', str(tmp_path / 'ckpt-killed')
     proc = worker(db=str(killed_db), experiment='killed', checkpoints=folder, kill_at=9, **common)
     assert proc.wait(timeout=300) == -signal.SIGKILL
-    before, = runs(killed_db, stale_after=3600)
-    assert before.status == 'running' and [r['step'] for r in before.history] == list(range(1, 10))  # 9 after the checkpoint at 8
+    (before,) = runs(killed_db, stale_after=3600)
+    assert before.status == 'running' and [r['step'] for r in before.history] == list(
+        range(1, 10)
+    )  # 9 after the checkpoint at 8
 
-    finish(worker(db=str(killed_db), experiment='killed', checkpoints=folder, resume=True, out=str(tmp_path / 'resumed.json'), **common))
+    finish(
+        worker(
+            db=str(killed_db),
+            experiment='killed',
+            checkpoints=folder,
+            resume=True,
+            out=str(tmp_path / 'resumed.json'),
+            **common,
+        )
+    )
     straight, resumed = runs(tmp_path / 'straight.db'), runs(killed_db)
     assert len(resumed) == 1 and resumed[0].id == before.id  # the same run, no new one
     run, ref = resumed[0], straight[0]
     assert (run.status, run.resumes, run.message) == ('finished', 1, None)
-    assert same_history(run.history, ref.history) and len(run.history) == 18  # rows 8 and 9 written once, by the resumed fit
+    assert (
+        same_history(run.history, ref.history) and len(run.history) == 18
+    )  # rows 8 and 9 written once, by the resumed fit
     assert same_history(run.history, json.load(open(tmp_path / 'resumed.json')))
     assert run.best == ref.best and run.config == ref.config and run.final['step'] == 18
 
     # MLflow: one run, resumed in place, every series equal to the uninterrupted run's (no step logged twice)
-    (s_run,), (k_run,) = (client.search_runs([client.get_experiment_by_name(n).experiment_id]) for n in ('straight', 'killed'))
+    (s_run,), (k_run,) = (
+        client.search_runs([client.get_experiment_by_name(n).experiment_id]) for n in ('straight', 'killed')
+    )
     assert k_run.info.status == 'FINISHED' and k_run.data.params == s_run.data.params
     assert k_run.data.tags['nbtrainer.outcome'] == 'finished'
     keys = set(s_run.data.metrics)
     assert keys == set(k_run.data.metrics) and {'loss', 'lr', 'train_loss', 'valid_loss', 'accuracy'} <= keys
     series = lambda r, k: sorted((m.step, m.value) for m in client.get_metric_history(r.info.run_id, k))
-    for key in keys: assert series(k_run, key) == series(s_run, key), key
+    for key in keys:
+        assert series(k_run, key) == series(s_run, key), key
     assert series(k_run, 'valid_loss') == [(r['step'], r['valid_loss']) for r in ref.history]
     artifacts = [a.path for a in client.list_artifacts(k_run.info.run_id, 'checkpoints')]
     assert artifacts == ['checkpoints/epoch-2.pt']  # the newest file of the resumed fit's Checkpointer
@@ -125,7 +169,7 @@ def ddp_fit(db, uri):
     cbs = [Tracker(db)] + ([MLflowLogger(uri, experiment='ddp', log_every=2)] if uri else [])
     learn = synth_learner(n=64, bs=8, cbs=cbs)
     learn.fit(2)
-    return learn.recorder.history, [type(cb).__name__ for cb in learn.cbs]
+    return learn.recorder.history, [type(cb).__name__ for cb in learn.cbs] + [type(learn.strategy).__name__]
 
 
 @pytest.mark.distributed
@@ -135,24 +179,28 @@ def test_ddp_writes_one_run(tmp_path):
     db, uri = tmp_path / 'runs.db', f'sqlite:///{tmp_path}/mlflow.db' if has_mlflow else None
     if has_mlflow:
         from mlflow.tracking import MlflowClient
+
         MlflowClient(uri).create_experiment('ddp', artifact_location=str(tmp_path / 'artifacts'))
     history, cbs = launch(ddp_fit, nprocs=2, args=(db, uri))  # rank 0's
-    assert 'Tracker' in cbs and 'DistributedTrainer' in cbs
-    run, = runs(db)
+    assert 'Tracker' in cbs and cbs[-1] == 'DistributedTrainer'  # the strategy, which the loop calls (no callback)
+    (run,) = runs(db)
     assert run.status == 'finished' and run.config['world_size'] == 2 and run.history == history
-    if not has_mlflow: return
+    if not has_mlflow:
+        return
     client = MlflowClient(uri)
     mruns = client.search_runs([client.get_experiment_by_name('ddp').experiment_id])
     assert len(mruns) == 1 and mruns[0].data.params['world_size'] == '2'
-    assert sorted((m.step, m.value) for m in client.get_metric_history(mruns[0].info.run_id, 'valid_loss')) == \
-        [(r['step'], r['valid_loss']) for r in history]
+    assert sorted((m.step, m.value) for m in client.get_metric_history(mruns[0].info.run_id, 'valid_loss')) == [
+        (r['step'], r['valid_loss']) for r in history
+    ]
 
 
 def test_command_line(tmp_path):
     script = BIN / 'nbtrainer-runs'
     assert script.exists(), "the nbtrainer-runs script is missing: reinstall the package (pip install -e '.[dev]')"
     db = tmp_path / 'runs.db'
-    for study in ('a', 'b'): synth_learner(cbs=[Tracker(db, study=study, notes=f'study {study}')]).fit(1)
+    for study in ('a', 'b'):
+        synth_learner(cbs=[Tracker(db, study=study, notes=f'study {study}')]).fit(1)
     run = subprocess.run([str(script), str(db), '--study', 'b'], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
@@ -175,27 +223,47 @@ def free_port():
 def test_the_notebook_path_from_a_real_jupyter_server(tmp_path):
     "A kernel started by jupyter_server for a notebook session (as JupyterLab starts one) knows its notebook."
     from jupyter_client import BlockingKernelClient
+
     (tmp_path / 'sub').mkdir()
     port, runtime = free_port(), tmp_path / 'runtime'
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(runtime), PYTHONPATH=str(ROOT))
     log = open(tmp_path / 'server.log', 'w')
-    server = subprocess.Popen([str(BIN / 'jupyter'), 'server', '--no-browser', f'--port={port}', '--ServerApp.token=',
-                               '--ServerApp.password=', f'--ServerApp.root_dir={tmp_path}', '--ServerApp.ip=127.0.0.1', '--allow-root',
-                               '--ServerApp.disable_check_xsrf=True'],
-                              stdout=log, stderr=subprocess.STDOUT, env=env)
+    server = subprocess.Popen(
+        [
+            str(BIN / 'jupyter'),
+            'server',
+            '--no-browser',
+            f'--port={port}',
+            '--ServerApp.token=',
+            '--ServerApp.password=',
+            f'--ServerApp.root_dir={tmp_path}',
+            '--ServerApp.ip=127.0.0.1',
+            '--allow-root',
+            '--ServerApp.disable_check_xsrf=True',
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     client = None
     try:
         api = f'http://127.0.0.1:{port}/api'
 
         def up():
             assert server.poll() is None, (tmp_path / 'server.log').read_text()[-3000:]
-            try: return urllib.request.urlopen(f'{api}/status', timeout=2).status == 200
-            except OSError: return False
+            try:
+                return urllib.request.urlopen(f'{api}/status', timeout=2).status == 200
+            except OSError:
+                return False
+
         wait_for(up, what='jupyter server')
         # the request JupyterLab makes when a notebook opens: its path from the server root, and its name
-        body = json.dumps({'path': 'sub/trial.ipynb', 'name': 'trial.ipynb', 'type': 'notebook', 'kernel': {'name': 'python3'}})
-        request = urllib.request.Request(f'{api}/sessions', data=body.encode(), method='POST',
-                                         headers={'Content-Type': 'application/json'})
+        body = json.dumps(
+            {'path': 'sub/trial.ipynb', 'name': 'trial.ipynb', 'type': 'notebook', 'kernel': {'name': 'python3'}}
+        )
+        request = urllib.request.Request(
+            f'{api}/sessions', data=body.encode(), method='POST', headers={'Content-Type': 'application/json'}
+        )
         kernel_id = json.load(urllib.request.urlopen(request, timeout=60))['kernel']['id']
         connection = runtime / f'kernel-{kernel_id}.json'
         wait_for(connection.exists, what='the kernel connection file')
@@ -204,12 +272,18 @@ def test_the_notebook_path_from_a_real_jupyter_server(tmp_path):
         client.start_channels()
         client.wait_for_ready(timeout=120)
         printed = []
-        client.execute_interactive('from nbtrainer.track import reproduce_command; print(reproduce_command())',
-                                   timeout=120, output_hook=lambda m: printed.append(m['content'].get('text', '')))
+        client.execute_interactive(
+            'from nbtrainer.track import reproduce_command; print(reproduce_command())',
+            timeout=120,
+            output_hook=lambda m: printed.append(m['content'].get('text', '')),
+        )
         assert ''.join(printed).strip() == f"jupyter execute {tmp_path / 'sub' / 'trial.ipynb'}"
     finally:
-        if client is not None: client.stop_channels()
+        if client is not None:
+            client.stop_channels()
         server.terminate()
-        try: server.wait(timeout=30)
-        except subprocess.TimeoutExpired: server.kill()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
         log.close()

@@ -17,6 +17,7 @@ VOCAB, WIDTH = 50, 12
 def hf():
     "Hugging Face transformers (a dev dependency: pip install -e \".[dev]\"), imported by the first test that builds a model, not at collection."
     import transformers
+
     transformers.logging.set_verbosity_error()
     return transformers
 
@@ -24,22 +25,41 @@ def hf():
 def causal_lm(seed=0):
     transformers = hf()
     torch.manual_seed(seed)
-    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=WIDTH, n_embd=16, n_layer=2, n_head=2,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=WIDTH,
+        n_embd=16,
+        n_layer=2,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return transformers.GPT2LMHeadModel(config)
 
 
 def token_classifier(seed=0, labels=5):
     transformers = hf()
     torch.manual_seed(seed)
-    config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=32, max_position_embeddings=WIDTH, num_labels=labels,
-                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    config = transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=WIDTH,
+        num_labels=labels,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     return transformers.BertForTokenClassification(config)
 
 
 class Sequences(Dataset):
     "Right-padded arithmetic sequences of lengths 2..WIDTH: padding has attention 0 and label -100, so each batch has its own token count."
+
     def __init__(self, n, seed, tags=None):
         g = torch.Generator().manual_seed(seed)
         start, step = torch.randint(1, VOCAB, (n, 1), generator=g), torch.randint(1, 4, (n, 1), generator=g)
@@ -47,7 +67,8 @@ class Sequences(Dataset):
         self.lengths = torch.randint(2, WIDTH + 1, (n,), generator=g)
         self.tags = None if tags is None else self.ids % tags  # learnable from the token itself
 
-    def __len__(self): return len(self.ids)
+    def __len__(self):
+        return len(self.ids)
 
     def __getitem__(self, i):
         mask = (torch.arange(WIDTH) < self.lengths[i]).long()
@@ -55,7 +76,8 @@ class Sequences(Dataset):
         return {'input_ids': self.ids[i], 'attention_mask': mask, 'labels': labels.masked_fill(mask == 0, -100)}
 
 
-def batches_of(ds, bs): return DataLoader(ds, batch_size=bs)
+def batches_of(ds, bs):
+    return DataLoader(ds, batch_size=bs)
 
 
 def union(ds):
@@ -66,12 +88,14 @@ def union(ds):
 def sgd_step_on(model, batches, weights):
     "One SGD step (lr 0.5) on the sum of weights[i] * loss of batch i: the hand-written reference."
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    for batch, w in zip(batches, weights): (model(**batch).loss * w).backward()
+    for batch, w in zip(batches, weights):
+        (model(**batch).loss * w).backward()
     opt.step()
     return model
 
 
-def max_diff(a, b): return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+def max_diff(a, b):
+    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
 
 
 def tokens_of(batch, shift):
@@ -83,8 +107,9 @@ def tokens_of(batch, shift):
 def test_accumulation_counts_tokens(build, shift):
     "4 micro-batches of varying token counts step to the weights of one batch of their union, as the model's own loss says."
     ds = Sequences(8, seed=1, tags=None if shift else 5)
-    learn = Learner(build(), batches_of(ds, 2), opt_func=torch.optim.SGD, lr=0.5, accumulate=4, progress=False,
-                    metrics=())
+    learn = Learner(
+        build(), batches_of(ds, 2), opt_func=torch.optim.SGD, lr=0.5, accumulate=4, progress=False, metrics=()
+    )
     learn.fit(steps=1)
     big = sgd_step_on(build(), [union(ds)], [1.0])
     assert max_diff(learn.model, big) < 1e-6
@@ -97,8 +122,14 @@ def test_accumulation_counts_tokens(build, shift):
 
 def test_causal_lm_trains_and_reports_perplexity_and_token_accuracy():
     train, valid = Sequences(64, seed=2), Sequences(24, seed=3)
-    learn = Learner(causal_lm(), batches_of(train, 8), batches_of(valid, 5), lr=3e-3, progress=False,
-                    metrics=['perplexity', 'accuracy'])
+    learn = Learner(
+        causal_lm(),
+        batches_of(train, 8),
+        batches_of(valid, 5),
+        lr=3e-3,
+        progress=False,
+        metrics=['perplexity', 'accuracy'],
+    )
     learn.fit(3)
     rows = learn.recorder.history
     assert rows[-1]['valid_loss'] < rows[0]['valid_loss']  # it learns
@@ -106,7 +137,10 @@ def test_causal_lm_trains_and_reports_perplexity_and_token_accuracy():
     total, count, hits = 0.0, 0, 0
     with torch.no_grad():
         for batch in batches_of(valid, 5):  # the reference: sums over the next-token labels that count
-            logits, labels = model(**{k: v for k, v in batch.items() if k != 'labels'}).logits[:, :-1], batch['labels'][:, 1:]
+            logits, labels = (
+                model(**{k: v for k, v in batch.items() if k != 'labels'}).logits[:, :-1],
+                batch['labels'][:, 1:],
+            )
             kept = labels != -100
             total += F.cross_entropy(logits[kept].double(), labels[kept], reduction='sum').item()
             hits += (logits[kept].argmax(-1) == labels[kept]).sum().item()
@@ -119,9 +153,16 @@ def test_causal_lm_trains_and_reports_perplexity_and_token_accuracy():
 
 def test_token_classifier_accuracy_matches_sklearn():
     from sklearn.metrics import accuracy_score
+
     train, valid = Sequences(64, seed=4, tags=5), Sequences(21, seed=5, tags=5)
-    learn = Learner(token_classifier(), batches_of(train, 8), batches_of(valid, 4), lr=3e-3, progress=False,
-                    metrics=['accuracy', 'f1'])
+    learn = Learner(
+        token_classifier(),
+        batches_of(train, 8),
+        batches_of(valid, 4),
+        lr=3e-3,
+        progress=False,
+        metrics=['accuracy', 'f1'],
+    )
     learn.fit(2)
     preds, targets = learn.get_preds()  # (N, T, labels) and (N, T), padding labelled -100
     kept = targets != -100
@@ -141,7 +182,8 @@ def test_causal_lm_resumes_to_the_uninterrupted_weights(tmp_path):
     straight.fit(steps=6)
 
     def stop_at_3(learn, event):
-        if event == 'after_step' and learn.step == 3: raise CancelFitException()
+        if event == 'after_step' and learn.step == 3:
+            raise CancelFitException()
 
     first = learner(tmp_path)
     first.fit(steps=6, cbs=[stop_at_3])
@@ -153,14 +195,17 @@ def test_causal_lm_resumes_to_the_uninterrupted_weights(tmp_path):
 
 def test_label_check_reads_the_vocabulary_dimension():
     "Labels beyond the vocabulary are caught on the first batch, before any step, naming the vocabulary size."
+
     class Bad(Sequences):
         def __getitem__(self, i):
             item = super().__getitem__(i)
             item['input_ids'] = item['input_ids'].clamp(max=VOCAB - 1)  # labels alone out of range
             return item
+
     bad = Bad(8, seed=7)
     bad.ids[:, 5] = VOCAB + 3
     learn = Learner(causal_lm(), batches_of(bad, 4), progress=False, metrics=())
     before = copy.deepcopy(learn.model.state_dict())
-    with pytest.raises(ValueError, match=f'model outputs {VOCAB} classes'): learn.fit(1)
+    with pytest.raises(ValueError, match=f'model outputs {VOCAB} classes'):
+        learn.fit(1)
     assert all(torch.equal(v, learn.model.state_dict()[k]) for k, v in before.items())

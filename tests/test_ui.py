@@ -18,7 +18,8 @@ clicks, in JupyterLab's dark theme.
 
 Screenshots go to `test-artifacts/ui/`. Recipe and pitfalls: the UI-testing notes (kernel readiness, selectors scoped to
 outputs). Every wait is on a condition with a deadline: the test passes on a loaded machine."""
-import contextlib, json, os, re, shutil, socket, subprocess, sys, time, urllib.request
+
+import contextlib, json, os, re, shutil, socket, subprocess, time, urllib.request
 
 import nbformat
 import pytest
@@ -29,8 +30,17 @@ pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]  # JupyterLab in Chromi
 
 CHROMIUM = shutil.which('chromium') or '/usr/bin/chromium'
 ARTIFACTS = ROOT / 'test-artifacts' / 'ui'
-ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-        '--disable-background-networking', '--disable-component-update', '--disable-sync']
+ARGS = [
+    '--headless',
+    '--no-sandbox',
+    '--disable-gpu',
+    '--disable-quic',
+    '--no-first-run',
+    '--disable-background-networking',
+    '--disable-component-update',
+    '--disable-sync',
+]
+
 
 def slow_mlp(seconds):
     "A browser test notebook's first lines: torch, `SlowMLP` (a small model slowed to `seconds` a batch), data x, y."
@@ -52,7 +62,8 @@ x = torch.randn(640, 8); y = (x[:, 0] > 0).long()
 
 
 CELLS = [
-    slow_mlp(0.025) + '''import os
+    slow_mlp(0.025)
+    + '''import os
 from nbtrainer import Callback, Controls, Learner
 
 class NoteEnd(Callback):
@@ -96,9 +107,11 @@ def read_saved(path, deadline=30):
     JSON): read it again until it parses, for up to `deadline` seconds."""
     end = time.time() + deadline
     while True:
-        try: return nbformat.read(path, as_version=4)
+        try:
+            return nbformat.read(path, as_version=4)
         except (ValueError, OSError) as error:  # nbformat's NotJSONError is a ValueError; a replace may hide the file
-            if time.time() > end: raise AssertionError(f'{path} did not parse within {deadline} s: {error}') from error
+            if time.time() > end:
+                raise AssertionError(f'{path} did not parse within {deadline} s: {error}') from error
             time.sleep(0.1)
 
 
@@ -106,33 +119,57 @@ def read_saved(path, deadline=30):
 def lab_server(folder, env=None):
     "A fresh JupyterLab server on loopback serving `folder`, in the dark theme, the news toast off; yields its port."
     if not os.path.exists(CHROMIUM):
-        pytest.fail("Chromium is missing: apt-get install -y chromium chromium-driver (tools/test.sh does it when root)")
+        pytest.fail(
+            "Chromium is missing: apt-get install -y chromium chromium-driver (tools/test.sh does it when root)"
+        )
     settings = folder / 'settings' / '@jupyterlab' / 'apputils-extension'
     settings.mkdir(parents=True)
     (settings / 'notification.jupyterlab-settings').write_text('{"fetchNews": "false", "checkForUpdates": false}')
     docmanager = folder / 'settings' / '@jupyterlab' / 'docmanager-extension'
     docmanager.mkdir(parents=True)
     (docmanager / 'plugin.jupyterlab-settings').write_text('{"autosave": false}')  # the test decides what is saved
-    (settings / 'themes.jupyterlab-settings').write_text('{\n  // the user picked the dark theme\n  "theme": "JupyterLab Dark"\n}')
+    (settings / 'themes.jupyterlab-settings').write_text(
+        '{\n  // the user picked the dark theme\n  "theme": "JupyterLab Dark"\n}'
+    )
     port = free_port()
-    env = {**os.environ, 'JUPYTERLAB_SETTINGS_DIR': str(folder / 'settings'),
-           'JUPYTERLAB_WORKSPACES_DIR': str(folder / 'workspaces'), **(env or {})}
+    env = {
+        **os.environ,
+        'JUPYTERLAB_SETTINGS_DIR': str(folder / 'settings'),
+        'JUPYTERLAB_WORKSPACES_DIR': str(folder / 'workspaces'),
+        **(env or {}),
+    }
     log = open(folder / 'lab.log', 'w')
-    server = subprocess.Popen([str(BIN / 'jupyter'), 'lab', '--no-browser', f'--port={port}', '--ServerApp.token=',
-                               '--ServerApp.ip=127.0.0.1', '--allow-root', f'--ServerApp.root_dir={folder}'],
-                              stdout=log, stderr=subprocess.STDOUT, env=env, cwd=folder)
+    server = subprocess.Popen(
+        [
+            str(BIN / 'jupyter'),
+            'lab',
+            '--no-browser',
+            f'--port={port}',
+            '--ServerApp.token=',
+            '--ServerApp.ip=127.0.0.1',
+            '--allow-root',
+            f'--ServerApp.root_dir={folder}',
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=folder,
+    )
     try:
         deadline = time.time() + 60
         while time.time() < deadline:
             try:
                 urllib.request.urlopen(f'http://127.0.0.1:{port}/api/status')
                 break
-            except OSError: time.sleep(0.25)
+            except OSError:
+                time.sleep(0.25)
         yield port
     finally:
         server.terminate()
-        try: server.wait(timeout=20)
-        except subprocess.TimeoutExpired: server.kill()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
         log.close()
         print((folder / 'lab.log').read_text()[-3000:])
 
@@ -143,10 +180,12 @@ def lab(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}
     nbformat.write(nb, tmp_path / 'ui_fit.ipynb')
-    with lab_server(tmp_path) as port: yield port, tmp_path
+    with lab_server(tmp_path) as port:
+        yield port, tmp_path
 
 
-def output(text): return f'.jp-OutputArea-output:has-text("{text}")'  # outputs only, never the cell source
+def output(text):
+    return f'.jp-OutputArea-output:has-text("{text}")'  # outputs only, never the cell source
 
 
 def open_notebook(page, port, deadline=90):
@@ -157,7 +196,8 @@ def open_notebook(page, port, deadline=90):
         page.wait_for_timeout(200)
 
 
-def cell(page, i): return page.locator('.jp-Notebook .jp-Cell').nth(i)
+def cell(page, i):
+    return page.locator('.jp-Notebook .jp-Cell').nth(i)
 
 
 def run_cell(page, i):
@@ -166,7 +206,8 @@ def run_cell(page, i):
     page.keyboard.press('Shift+Enter')
 
 
-def status_text(page, dash): return dash.locator('.nbtrainer-status').inner_text()
+def status_text(page, dash):
+    return dash.locator('.nbtrainer-status').inner_text()
 
 
 def control(dash, label):
@@ -185,21 +226,25 @@ def wait_for_status(page, dash, pattern, timeout=60):
     deadline = time.time() + timeout
     while True:
         found = re.search(pattern, status_text(page, dash))
-        if found: return found
+        if found:
+            return found
         assert time.time() < deadline, f'status never matched {pattern!r}: {status_text(page, dash)!r}'
         page.wait_for_timeout(100)
 
 
 def pixel(page, selector):
     "The RGB of pixel (3, 3) of the first image matching `selector`, and its natural and displayed widths."
-    return page.evaluate('''sel => { const img = document.querySelector(sel); const c = document.createElement('canvas');
+    return page.evaluate(
+        '''sel => { const img = document.querySelector(sel); const c = document.createElement('canvas');
         c.width = 8; c.height = 8; const g = c.getContext('2d'); g.drawImage(img, 0, 0);
         return [Array.from(g.getImageData(3, 3, 1, 1).data).slice(0, 3), img.naturalWidth, img.getBoundingClientRect().width]; }''',
-                         selector)
+        selector,
+    )
 
 
 def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
     from playwright.sync_api import sync_playwright
+
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (port, folder), t0 = lab, time.time()
     lap = lambda msg: print(f'{time.time() - t0:6.1f}s  {msg}', flush=True)
@@ -222,13 +267,17 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             stop.wait_for(timeout=120_000)
             lap('dashboard shown')
             frames, deadline = set(), time.time() + 120
-            while (len(frames) < 2 or dash.locator('.nbtrainer-history tbody tr').count() < 8) and time.time() < deadline:
+            while (
+                len(frames) < 2 or dash.locator('.nbtrainer-history tbody tr').count() < 8
+            ) and time.time() < deadline:
                 frames |= set(page.evaluate("[...document.querySelectorAll('.nbtrainer-figure')].map(i => i.src)"))
                 page.wait_for_timeout(100)
-            found = {'bars': dash.locator('.nbtrainer-bars progress').count(),
-                     'buttons': dash.locator('.nbtrainer-controls button').count(),
-                     'figure': dash.locator('.nbtrainer-figure').count(),
-                     'table rows': dash.locator('.nbtrainer-history tbody tr').count()}
+            found = {
+                'bars': dash.locator('.nbtrainer-bars progress').count(),
+                'buttons': dash.locator('.nbtrainer-controls button').count(),
+                'figure': dash.locator('.nbtrainer-figure').count(),
+                'table rows': dash.locator('.nbtrainer-history tbody tr').count(),
+            }
             lap(f'rendered {found}; {len(frames)} distinct figure frames')
             assert found['bars'] >= 2 and found['buttons'] == 3 and found['figure'] == 1, found
             assert len(frames) >= 2, 'the live figure did not change during the fit'
@@ -249,8 +298,10 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             lr_box = dash.locator('.nbtrainer-controls input[type="number"]')
             for lr, send in (('0.04', 'Enter'), ('0.03', 'Tab'), ('0.02', 'a click elsewhere')):
                 lr_box.fill(lr)
-                if send == 'a click elsewhere': dash.locator('.nbtrainer-status').click()
-                else: lr_box.press(send)
+                if send == 'a click elsewhere':
+                    dash.locator('.nbtrainer-status').click()
+                else:
+                    lr_box.press(send)
                 applied = int(wait_for_status(page, dash, rf'lr {re.escape(lr)} from step (\d+)').group(1))
                 wait_for_status(page, dash, rf'^step (?!{applied}\b)\d+')  # it trained a step before the next edit
             lap(f'three LRs typed during the awaited fit, each carried out: {status_text(page, dash)!r}')
@@ -269,7 +320,10 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             dash.screenshot(path=str(ARTIFACTS / 'cell-paused.png'))
             control(dash, 'Resume').click()
             deadline = time.time() + 60
-            while 'paused' in status_text(page, dash) or int(re.match(r'step (\d+)', status_text(page, dash)).group(1)) <= held:
+            while (
+                'paused' in status_text(page, dash)
+                or int(re.match(r'step (\d+)', status_text(page, dash)).group(1)) <= held
+            ):
                 assert time.time() < deadline, 'the fit did not resume'
                 page.wait_for_timeout(100)
 
@@ -280,7 +334,9 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             page.wait_for_selector(output('FIT DONE'), timeout=60_000)
             step, ended_step, ended_at = page.locator(output('FIT DONE')).inner_text().split()[2:]
             measured['stop_click_to_after_fit_s'] = float(ended_at) - clicked
-            lap(f'Stop: the fit ended at step {step} of 4000, {measured["stop_click_to_after_fit_s"]:.2f} s after the click')
+            lap(
+                f'Stop: the fit ended at step {step} of 4000, {measured["stop_click_to_after_fit_s"]:.2f} s after the click'
+            )
             assert int(step) == int(ended_step) and held < int(step) < 4000  # after_fit ran, early
             summary = cell(page, FIT).locator(output('Fit stopped at step'))
             assert summary.count() == 1 and 'Stop button clicked' in summary.inner_text()
@@ -315,10 +371,16 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             slider = cell(page, FINDER).locator('.widget-hslider')
             assert slider.bounding_box()['width'] >= 400  # 8 decades: a slider long enough to pick from
             from nbtrainer.lr_finder import PLOT_AREA
-            image, track = figure.bounding_box(), cell(page, FINDER).locator('.widget-hslider .noUi-base').bounding_box()
+
+            image, track = (
+                figure.bounding_box(),
+                cell(page, FINDER).locator('.widget-hslider .noUi-base').bounding_box(),
+            )
             axis = image['x'] + PLOT_AREA['left'] * image['width'], image['x'] + PLOT_AREA['right'] * image['width']
             measured['lr slider track vs axis (px)'] = track['x'] - axis[0], track['x'] + track['width'] - axis[1]
-            assert all(abs(d) <= 2 for d in measured['lr slider track vs axis (px)']), measured  # lr for lr under the axis
+            assert all(abs(d) <= 2 for d in measured['lr slider track vs axis (px)']), (
+                measured
+            )  # lr for lr under the axis
             readout = cell(page, FINDER).locator('.widget-readout').first
             target = '2e-7' if float(readout.inner_text()) < 1.5e-7 else '1e-7'  # the test's first lr, or its second
             readout.click()  # type an lr into the slider's readout, as a person can
@@ -337,12 +399,16 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             cell(page, FINDER).locator('.widget-button:has-text("Use this LR")').click()
             page.wait_for_selector('.widget-label:has-text("now learn.lr")', timeout=30_000)
             run_cell(page, LR_NOW)
-            page.wait_for_function(f"[...document.querySelectorAll('.jp-OutputArea-output')]"
-                                   f".some(o => o.innerText.startsWith('LR NOW') && !o.innerText.includes('{before}'))",
-                                   timeout=30_000)
+            page.wait_for_function(
+                f"[...document.querySelectorAll('.jp-OutputArea-output')]"
+                f".some(o => o.innerText.startsWith('LR NOW') && !o.innerText.includes('{before}'))",
+                timeout=30_000,
+            )
             after = float(page.locator(output('LR NOW')).inner_text().split()[-1])
             lap(f'LR finder: learn.lr {before} -> {after}')
-            assert after != before and abs(after - chosen) <= 0.01 * chosen  # the slider's value (its readout is rounded)
+            assert (
+                after != before and abs(after - chosen) <= 0.01 * chosen
+            )  # the slider's value (its readout is rounded)
             page.screenshot(path=str(ARTIFACTS / 'lr-finder.png'), full_page=True)
             cell(page, FINDER).screenshot(path=str(ARTIFACTS / 'cell-lr-finder.png'))
 
@@ -351,13 +417,18 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             deadline = time.time() + 30
             while True:
                 saved_nb = read_saved(folder / 'ui_fit.ipynb')
-                if saved_nb.cells[FINDER].outputs: break
+                if saved_nb.cells[FINDER].outputs:
+                    break
                 assert time.time() < deadline, 'the notebook was not saved'
                 page.wait_for_timeout(200)
             fit_out = [o for o in saved_nb.cells[FIT].outputs if 'text/html' in o.get('data', {})]
             assert 'Fit stopped at step' in fit_out[0]['data']['text/html']
-            assert not any('application/vnd.jupyter.widget-view+json' in o.get('data', {}) for o in saved_nb.cells[FIT].outputs)
-            assert any('Fit failed at step' in o.get('data', {}).get('text/html', '') for o in saved_nb.cells[FAIL].outputs)
+            assert not any(
+                'application/vnd.jupyter.widget-view+json' in o.get('data', {}) for o in saved_nb.cells[FIT].outputs
+            )
+            assert any(
+                'Fit failed at step' in o.get('data', {}).get('text/html', '') for o in saved_nb.cells[FAIL].outputs
+            )
             finder_images = [o for o in saved_nb.cells[FINDER].outputs if 'image/png' in o.get('data', {})]
             assert len(finder_images) == 1 and finder_images[0]['data']['image/png'] != first_src.split(',')[-1]
             lap('saved notebook keeps the summaries and the LR finder figure')
@@ -384,7 +455,11 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             lap(f'learn.dashboard() after the reload: status at step {status_step}, figure at step {figure_step}')
             # the current figure, as the status line is: within a few seconds of steps (about 35 a second here), and
             # past where the re-attach found the fit, not a frame left over from the fit's start
-            assert 0 <= status_step - figure_step <= 150 and figure_step > first_step, (status_step, figure_step, first_step)
+            assert 0 <= status_step - figure_step <= 150 and figure_step > first_step, (
+                status_step,
+                figure_step,
+                first_step,
+            )
             page.screenshot(path=str(ARTIFACTS / 'dashboard-reattached.png'), full_page=True)
             again.screenshot(path=str(ARTIFACTS / 'cell-reattached.png'))
             again_stop.click()
@@ -394,9 +469,19 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             page.wait_for_selector(output('BACKGROUND DONE stopped'), timeout=60_000)
             lap('the re-attached Stop ended the background fit; its summary replaced the dashboard')
             page.screenshot(path=str(ARTIFACTS / 'dashboard-reattached-stopped.png'), full_page=True)
-            (ARTIFACTS / 'measurements.json').write_text(json.dumps(
-                {**measured, 'stopped_at_step': int(step), 'figure_frames_seen': len(frames), 'lr_before': before,
-                 'lr_after': after, 'seconds': time.time() - t0}, indent=1))
+            (ARTIFACTS / 'measurements.json').write_text(
+                json.dumps(
+                    {
+                        **measured,
+                        'stopped_at_step': int(step),
+                        'figure_frames_seen': len(frames),
+                        'lr_before': before,
+                        'lr_after': after,
+                        'seconds': time.time() - t0,
+                    },
+                    indent=1,
+                )
+            )
         except Exception:
             page.screenshot(path=str(ARTIFACTS / 'failure.png'), full_page=True)
             raise

@@ -10,6 +10,7 @@ headless Chromium driven by Playwright.
    `learn.controls.stop()`, its summary in the cell that started it.
 
 Every wait is on a condition with a deadline."""
+
 import subprocess, time
 
 import nbformat
@@ -21,7 +22,8 @@ from test_ui import ARGS, ARTIFACTS, CHROMIUM, cell, lab_server, open_notebook, 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]  # JupyterLab in Chromium: minutes on a busy machine
 
 CELLS = [
-    slow_mlp(0.02) + '''from nbtrainer import Learner
+    slow_mlp(0.02)
+    + '''from nbtrainer import Learner
 train, valid = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True), DataLoader(TensorDataset(x[:64], y[:64]), batch_size=32)
 learn = Learner(SlowMLP(), train, valid, lr=0.05)''',
     'await learn.fit_async(steps=400, eval_every=40)  # about 10 s',
@@ -77,10 +79,15 @@ def run_and_watch(page, i, deadline=300):
 
 def test_without_a_widget_manager_the_dashboard_is_html(tmp_path):
     from playwright.sync_api import sync_playwright
+
     config = tmp_path / 'jupyter-config'
     env = {'JUPYTER_CONFIG_DIR': str(config)}
-    subprocess.run([str(BIN / 'jupyter'), 'labextension', 'disable', '--level=user', '@jupyter-widgets/jupyterlab-manager'],
-                   env={**__import__('os').environ, **env}, check=True, capture_output=True)
+    subprocess.run(
+        [str(BIN / 'jupyter'), 'labextension', 'disable', '--level=user', '@jupyter-widgets/jupyterlab-manager'],
+        env={**__import__('os').environ, **env},
+        check=True,
+        capture_output=True,
+    )
     assert '"@jupyter-widgets/jupyterlab-manager": true' in (config / 'labconfig' / 'page_config.json').read_text()
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}
@@ -115,7 +122,9 @@ def test_without_a_widget_manager_the_dashboard_is_html(tmp_path):
             run_cell(page, BACKGROUND)
             end = time.time() + 300
             while max(running_steps(page, BACKGROUND), default=0) < 100:
-                assert time.time() < end, f'the background fit showed no HTML dashboard at step 100 or later within 300 s'
+                assert time.time() < end, (
+                    'the background fit showed no HTML dashboard at step 100 or later within 300 s'
+                )
                 page.wait_for_timeout(100)
             live = cell(page, BACKGROUND).locator(output('Fit running')).first
             assert 'learn.controls.pause()' in live.inner_text()  # says how to steer it without widgets

@@ -8,19 +8,32 @@ carry the new lr, the registry records the branch with its parent run and step, 
 curves behind the branch. Stopped, the output holds both runs' summaries, and the notebook saved to disk keeps them. After the fit,
 `learn.dashboard()` shows a fork bar that trains another branch in its place.
 Every wait is on a condition with a deadline."""
+
 import json, re, time
 
 import nbformat
 import pytest
 
-from test_ui import (ARGS, ARTIFACTS, CHROMIUM, cell, control, open_notebook, output, read_saved, run_cell, slow_mlp,
-                     wait_for_status)
+from test_ui import (
+    ARGS,
+    ARTIFACTS,
+    CHROMIUM,
+    cell,
+    control,
+    open_notebook,
+    output,
+    read_saved,
+    run_cell,
+    slow_mlp,
+    wait_for_status,
+)
 from test_ui import lab  # noqa: F401  (the JupyterLab fixture)
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]  # JupyterLab in Chromium: minutes on a busy machine
 
 CELLS = [
-    slow_mlp(0.02) + '''from nbtrainer import Controls, Learner, Tracker, runs
+    slow_mlp(0.02)
+    + '''from nbtrainer import Controls, Learner, Tracker, runs
 learn = Learner(SlowMLP(), DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True),
                 DataLoader(TensorDataset(x[:64], y[:64]), batch_size=32), lr=0.05, fork_points=4,
                 cbs=[Controls(), Tracker('runs.db')])''',
@@ -39,6 +52,7 @@ SETUP, FIT, STATE, AFTER = range(4)
 
 def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
     from playwright.sync_api import sync_playwright
+
     port, folder = lab
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     nb.cells[0].source = 'import json, time\n' + nb.cells[0].source
@@ -81,9 +95,14 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
             branch = cell(page, FIT)
             deadline = time.time() + 180
             while True:
-                text = branch.locator('.nbtrainer-status').inner_text() if branch.locator('.nbtrainer-status').count() else ''
+                text = (
+                    branch.locator('.nbtrainer-status').inner_text()
+                    if branch.locator('.nbtrainer-status').count()
+                    else ''
+                )
                 found = re.search(r'step (\d+)', text)
-                if parent_summary.count() and found and int(found.group(1)) > fork_step + 10: break
+                if parent_summary.count() and found and int(found.group(1)) > fork_step + 10:
+                    break
                 assert time.time() < deadline, f'the branch did not train: {text!r}'
                 page.wait_for_timeout(100)
             assert 'forked at step' in branch.inner_text()  # the parent's summary above the branch's dashboard
@@ -96,7 +115,9 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
             assert state['parent_drawn']  # the live figure draws the parent run behind the branch
             branches = [r for r in state['runs'] if r['parent']]  # the registry: the parent run, and its branch
             assert len(state['runs']) == 2 and len(branches) == 1 and branches[0]['parent']['step'] == fork_step
-            assert branches[0]['parent']['run'] in {r['id'] for r in state['runs']} - {branches[0]['id']}  # its id there
+            assert branches[0]['parent']['run'] in {r['id'] for r in state['runs']} - {
+                branches[0]['id']
+            }  # its id there
             branch.locator('.nbtrainer-figure').wait_for(timeout=60_000)  # the branch's first frame
             cell(page, FIT).screenshot(path=str(ARTIFACTS / 'fork-branch.png'))
 
@@ -112,7 +133,8 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
                 page.keyboard.press('Control+s')
                 saved = read_saved(folder / 'fork.ipynb').cells[FIT].outputs
                 html_out = ''.join(o.get('data', {}).get('text/html', '') for o in saved)
-                if f'forked at step {fork_step}' in html_out and html_out.count('Fit stopped') == 2: break
+                if f'forked at step {fork_step}' in html_out and html_out.count('Fit stopped') == 2:
+                    break
                 assert time.time() < deadline, html_out[-2000:]
                 page.wait_for_timeout(500)
 
@@ -129,7 +151,8 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
             while True:
                 status = again.locator('.nbtrainer-status')
                 found = re.search(r'step (\d+)', status.inner_text() if status.count() else '')
-                if found and int(found.group(1)) > chosen + 5: break
+                if found and int(found.group(1)) > chosen + 5:
+                    break
                 assert time.time() < deadline, 'the branch from the fork bar did not train'
                 page.wait_for_timeout(100)
             assert 'lr 0.002' in again.locator('.nbtrainer-status').inner_text()
@@ -141,4 +164,3 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
             raise
         finally:
             browser.close()
-

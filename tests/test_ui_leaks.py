@@ -13,27 +13,46 @@ space is reserved from the start, and what a notebook saved mid-fit keeps.
 3. A background fit; the notebook saved with Ctrl+S while it runs and read from disk: the cell that started it holds
    plain HTML outputs with the fit's figure, table and step, which a notebook reopened without the kernel shows.
 Fixtures and helpers come from tests/test_ui.py."""
+
 import time
 
 import nbformat
 import pytest
 
-from test_ui import (ARGS, ARTIFACTS, CHROMIUM, cell, control, open_notebook, output, read_saved, run_cell, slow_mlp,
-                     wait_for_status)
+from test_ui import (
+    ARGS,
+    ARTIFACTS,
+    CHROMIUM,
+    cell,
+    control,
+    open_notebook,
+    output,
+    read_saved,
+    run_cell,
+    slow_mlp,
+    wait_for_status,
+)
 from test_ui import lab as lab_fixture  # noqa: F401  (pytest finds it by name below)
 
 lab = lab_fixture
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]  # JupyterLab in Chromium: minutes on a busy machine
 
-SETUP = slow_mlp(0.01) + '''from nbtrainer import Controls, Learner
+SETUP = (
+    slow_mlp(0.01)
+    + '''from nbtrainer import Controls, Learner
 dl = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
 small = DataLoader(TensorDataset(x[:64], y[:64]), batch_size=16)
 learn = Learner(SlowMLP(), dl, small, lr=0.05, cbs=[Controls(save_dir='ckpt')])'''
+)
 FIT = "await learn.fit_async(1, eval_every=2)  # 40 steps, 20 evaluations\nn += 1; print('DONE', n)"
-PLAIN = ("bare = Learner(SlowMLP(), dl, small, lr=0.05, progress=False)  # no display: JupyterLab's own cost of a run\n"
-         "bare.fit(1, eval_every=2); n += 1; print('DONE', n)")
-HTML = ("html_learn = Learner(SlowMLP(), dl, small, lr=0.05, display='html')  # the dashboard with no widget\n"
-        "await html_learn.fit_async(1, eval_every=2); n += 1; print('DONE', n)")
+PLAIN = (
+    "bare = Learner(SlowMLP(), dl, small, lr=0.05, progress=False)  # no display: JupyterLab's own cost of a run\n"
+    "bare.fit(1, eval_every=2); n += 1; print('DONE', n)"
+)
+HTML = (
+    "html_learn = Learner(SlowMLP(), dl, small, lr=0.05, display='html')  # the dashboard with no widget\n"
+    "await html_learn.fit_async(1, eval_every=2); n += 1; print('DONE', n)"
+)
 CELLS = [SETUP + '\nn = 0', FIT, PLAIN, HTML, 'task = learn.fit_async(100, eval_every=4)  # in the background']
 BACKGROUND = 4
 
@@ -50,13 +69,15 @@ SAMPLE = '''sel => { window.__heights = []; window.__parts = new Set();
 
 def metrics(cdp):
     "DOM nodes and JS heap after a forced garbage collection."
-    for _ in range(3): cdp.send('HeapProfiler.collectGarbage')
+    for _ in range(3):
+        cdp.send('HeapProfiler.collectGarbage')
     found = {m['name']: m['value'] for m in cdp.send('Performance.getMetrics')['metrics']}
     return {'nodes': int(found['Nodes']), 'heap_mb': found['JSHeapUsedSize'] / 2**20}
 
 
 def test_three_fits_leave_the_page_as_they_found_it_and_a_mid_fit_save_keeps_the_summary(lab):
     from playwright.sync_api import sync_playwright
+
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     port, folder = lab
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])  # this test's notebook instead
@@ -72,6 +93,7 @@ def test_three_fits_leave_the_page_as_they_found_it_and_a_mid_fit_save_keeps_the
             open_notebook(page, port)
             run_cell(page, 0)
             runs, heights, parts = 0, None, None
+
             def three_runs(i, sample=False):
                 "Run cell `i` three times (each run's output replaces the last); DOM and heap after each."
                 nonlocal runs, heights, parts
@@ -89,6 +111,7 @@ def test_three_fits_leave_the_page_as_they_found_it_and_a_mid_fit_save_keeps_the
                     page.wait_for_timeout(500)
                     seen.append(metrics(cdp))
                 return seen
+
             dash, bare, html = three_runs(1, sample=True), three_runs(2), three_runs(3)
             assert cell(page, 1).locator('.nbtrainer-controls').count() == 0  # the summary replaced it
             assert cell(page, 1).locator(output('Fit finished at step')).count() == 1
@@ -116,7 +139,8 @@ def test_three_fits_leave_the_page_as_they_found_it_and_a_mid_fit_save_keeps_the
             while True:
                 saved = read_saved(folder / 'ui_fit.ipynb').cells[BACKGROUND].outputs
                 html = [o['data']['text/html'] for o in saved if 'text/html' in o.get('data', {})]
-                if any('Fit running' in h for h in html) and any('nbtrainer-figure' in h for h in html): break
+                if any('Fit running' in h for h in html) and any('nbtrainer-figure' in h for h in html):
+                    break
                 assert time.time() < deadline, f'no mid-fit outputs saved: {saved}'
                 page.wait_for_timeout(200)
             status, view = next(h for h in html if 'Fit running' in h), next(h for h in html if 'nbtrainer-figure' in h)

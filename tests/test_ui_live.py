@@ -11,19 +11,33 @@
 The kernel records each frame it shows (the step, whether the fit was paused, whether it was the final frame) by
 wrapping `LivePlot.show`, so the test checks what was drawn, not only that an image changed. Every wait is on a
 condition with a deadline."""
+
 import re, time
 
 import nbformat
 import pytest
 
-from test_ui import (ARGS, ARTIFACTS, CHROMIUM, cell, control, open_notebook, output, run_cell, sessions, slow_mlp,
-                     steps_shown, status_text, wait_for_status)
+from test_ui import (
+    ARGS,
+    ARTIFACTS,
+    CHROMIUM,
+    cell,
+    control,
+    open_notebook,
+    output,
+    run_cell,
+    sessions,
+    slow_mlp,
+    steps_shown,
+    wait_for_status,
+)
 from test_ui import lab  # noqa: F401  (the JupyterLab fixture)
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]  # JupyterLab in Chromium: minutes on a busy machine
 
 CELLS = [
-    slow_mlp(0.02) + '''from nbtrainer import Controls, Learner
+    slow_mlp(0.02)
+    + '''from nbtrainer import Controls, Learner
 from nbtrainer.liveplot import LivePlot
 
 frames = []  # (step, paused, final) of every frame the live figure shows
@@ -62,6 +76,7 @@ def corner_rgb(locator):
 
 def test_short_fits_draw_live_pause_redraws_and_the_theme_is_followed(lab):
     from playwright.sync_api import sync_playwright
+
     port, folder = lab
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}
@@ -81,8 +96,10 @@ def test_short_fits_draw_live_pause_redraws_and_the_theme_is_followed(lab):
             live, deadline = set(), time.time() + 180
             while not page.locator(output('FRAMES-SHORT')).count():
                 assert time.time() < deadline, 'the short fit did not end'
-                live |= set(page.evaluate('''[...document.querySelectorAll('.nbtrainer-figure')]
-                    .filter(i => i.offsetWidth > 0 && i.src).map(i => i.src)'''))
+                live |= set(
+                    page.evaluate('''[...document.querySelectorAll('.nbtrainer-figure')]
+                    .filter(i => i.offsetWidth > 0 && i.src).map(i => i.src)''')
+                )
                 page.wait_for_timeout(30)
             short = printed(page, 'FRAMES-SHORT')
             assert 'finished' in page.locator(output('FRAMES-SHORT')).inner_text()
@@ -110,7 +127,7 @@ def test_short_fits_draw_live_pause_redraws_and_the_theme_is_followed(lab):
             wait_for_status(page, dash, r'^(?!.*paused)step \d+')
             run_cell(page, RESUMED)
             drawn = printed(page, 'FRAMES-RESUMED')
-            after_pause = drawn[drawn.index((paused_at, True, False)) + 1:]
+            after_pause = drawn[drawn.index((paused_at, True, False)) + 1 :]
             assert [f for f in after_pause if not f[1]], f'no frame drawn on resume: {drawn}'
             control(dash, 'Stop').click()
             cell(page, BACKGROUND).locator('.jp-OutputArea-output:has-text("stopped")').first.wait_for(timeout=120_000)
@@ -140,7 +157,8 @@ def test_short_fits_draw_live_pause_redraws_and_the_theme_is_followed(lab):
 
 
 WAITING_CELLS = [
-    slow_mlp(0.02) + '''from nbtrainer import Learner
+    slow_mlp(0.02)
+    + '''from nbtrainer import Learner
 learn = Learner(SlowMLP(), DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True),
                 DataLoader(TensorDataset(x[:64], y[:64]), batch_size=32), lr=0.05)''',
     'await learn.fit_async(steps=100_000, eval_every=40)  # the cell waits; a reload loses its output',
@@ -151,6 +169,7 @@ learn = Learner(SlowMLP(), DataLoader(TensorDataset(x, y), batch_size=16, shuffl
 
 def test_after_a_reload_during_an_awaited_fit_the_next_cell_run_shows_its_dashboard(lab):
     from playwright.sync_api import sync_playwright
+
     port, folder = lab
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in WAITING_CELLS])
     nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}
@@ -184,7 +203,9 @@ def test_after_a_reload_during_an_awaited_fit_the_next_cell_run_shows_its_dashbo
             assert 'Stop button clicked' in waiting.locator(output('Fit stopped at step')).inner_text()
             run_cell(page, 3)
             page.wait_for_selector(output('AFTER stopped'), timeout=60_000)
-            assert waiting.locator(output('Fit stopped at step')).count() == 1  # learn.dashboard(), run at last: nothing more
+            assert (
+                waiting.locator(output('Fit stopped at step')).count() == 1
+            )  # learn.dashboard(), run at last: nothing more
         except Exception:
             page.screenshot(path=str(ARTIFACTS / 'waiting-failure.png'))
             raise

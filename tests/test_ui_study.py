@@ -2,6 +2,7 @@
 shows the table with a working Stop button in the cell that started it; the table shows the running trial; a click on
 Stop ends that trial at its next batch (left to resume), starts no new one, and the live widget is replaced by the
 static table, which says so."""
+
 import ast
 
 import nbformat
@@ -13,7 +14,8 @@ pytest.importorskip('optuna')
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]  # JupyterLab in Chromium: minutes on a busy machine
 
 CELLS = [
-    slow_mlp(0.02) + '''import tempfile
+    slow_mlp(0.02)
+    + '''import tempfile
 from pathlib import Path
 from nbtrainer import Learner
 from nbtrainer.study import STOP_MESSAGE, Float, Study
@@ -36,11 +38,13 @@ def lab(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}
     nbformat.write(nb, tmp_path / 'study.ipynb')
-    with lab_server(tmp_path) as port: yield port, tmp_path
+    with lab_server(tmp_path) as port:
+        yield port, tmp_path
 
 
 def test_the_live_study_table_and_its_stop_button(lab):
     from playwright.sync_api import sync_playwright
+
     port, folder = lab
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:

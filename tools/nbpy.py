@@ -7,6 +7,7 @@ Writing over an existing notebook keeps its cell ids for unchanged and edited ce
 In the text form a line `# %% [markdown]` starts a markdown cell and `# %%` a code cell;
 markdown lines are written as they are, not commented. Outputs are dropped: run `nbdev-clean` after.
 """
+
 import os, sys
 import nbformat
 
@@ -23,7 +24,8 @@ def to_nb(text):
     cells, kind, lines = [], None, []
 
     def close():
-        if kind is None: return
+        if kind is None:
+            return
         src = '\n'.join(lines).strip('\n')
         cells.append(nbformat.v4.new_markdown_cell(src) if kind == 'md' else nbformat.v4.new_code_cell(src))
 
@@ -42,7 +44,8 @@ def to_nb(text):
 def keep_ids(nb, old):
     "Give cells their old ids: unchanged cells by their text, edited ones by position, so diffs and merges stay small."
     ids = {}
-    for c in old.cells: ids.setdefault((c.cell_type, c.source), []).append(c.id)
+    for c in old.cells:
+        ids.setdefault((c.cell_type, c.source), []).append(c.id)
     used = set()
     for c in nb.cells:
         same = ids.get((c.cell_type, c.source))
@@ -61,7 +64,8 @@ if __name__ == '__main__':
         sys.stdout.write(to_py(src))
     elif cmd == 'to-nb':
         nb, dest = to_nb(open(src).read()), sys.argv[3]
-        if os.path.exists(dest): keep_ids(nb, nbformat.read(dest, as_version=4))
+        if os.path.exists(dest):
+            keep_ids(nb, nbformat.read(dest, as_version=4))
         nbformat.write(nb, dest)
     else:
         sys.exit(__doc__)

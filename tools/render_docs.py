@@ -7,6 +7,7 @@ The published site is built by nbdev and Quarto (`.github/workflows/deploy.yaml`
 uses `nbconvert` alone, so it runs offline and in CI. Like nbdev's docs it shows the stored outputs (it runs nothing),
 leaves out `#| hide` cells, and drops the `#|` directive lines. Links between notebooks are rewritten to the pages.
 """
+
 import argparse, html, re
 from pathlib import Path
 from urllib.parse import urldefrag
@@ -21,16 +22,19 @@ NBS = ROOT / 'nbs'
 def pages():
     "Each notebook and the page it renders to, relative to the site root: the quick start, tutorials, then modules."
     tutorials = sorted((NBS / 'tutorials').glob('*.ipynb'))
-    modules = sorted(NBS.glob('*.ipynb'))
-    return {ROOT / 'index.ipynb': Path('quickstart.html'),
-            **{p: p.relative_to(NBS).with_suffix('.html') for p in tutorials + modules}}
+    modules = sorted(p for p in NBS.glob('*.ipynb') if not p.is_symlink())  # nbs/index.ipynb: the quick start
+    return {
+        ROOT / 'index.ipynb': Path('quickstart.html'),
+        **{p: p.relative_to(NBS).with_suffix('.html') for p in tutorials + modules},
+    }
 
 
 def title(nb, path):
     "The notebook's first `# ` heading, else its file name."
     for cell in nb.cells:
         found = cell.cell_type == 'markdown' and re.search(r'(?m)^# (.+)$', cell.source)
-        if found: return found.group(1).strip()
+        if found:
+            return found.group(1).strip()
     return path.stem
 
 
@@ -38,18 +42,22 @@ def for_readers(nb):
     "The notebook as the docs show it: no hidden cells, no directive lines."
     nb.cells = [c for c in nb.cells if not (c.cell_type == 'code' and re.match(r'\s*#\|\s*hide\b', c.source))]
     for cell in nb.cells:
-        if cell.cell_type == 'code': cell.source = re.sub(r'(?m)^#\|.*\n?', '', cell.source)
+        if cell.cell_type == 'code':
+            cell.source = re.sub(r'(?m)^#\|.*\n?', '', cell.source)
     return nb
 
 
 def rewrite_links(body, source, page, site):
     "Point links to other notebooks at their pages (`../nbs/tutorials/x.ipynb#part` -> `tutorials/x.html#part`)."
+
     def replace(match):
         target, fragment = urldefrag(match.group(2))
         linked = (source.parent / target).resolve()
-        if linked not in site: return match.group(0)
+        if linked not in site:
+            return match.group(0)
         href = Path(*(['..'] * (len(page.parts) - 1)), site[linked]).as_posix()
         return f'{match.group(1)}"{href}{"#" + fragment if fragment else ""}"'
+
     return re.sub(r'(href=)"([^":#]+\.ipynb(?:#[^"]*)?)"', replace, body)
 
 
@@ -57,11 +65,19 @@ def contents(entries):
     "The index page: links to every page, grouped as a reader looks for them."
     groups = {'Start here': [], 'Tutorials': [], 'Modules': []}
     for page, name in entries:
-        group = 'Start here' if page.name == 'quickstart.html' else 'Tutorials' if page.parts[0] == 'tutorials' else 'Modules'
+        group = (
+            'Start here'
+            if page.name == 'quickstart.html'
+            else 'Tutorials'
+            if page.parts[0] == 'tutorials'
+            else 'Modules'
+        )
         groups[group].append(f'<li><a href="{page.as_posix()}">{html.escape(name)}</a></li>')
     sections = ''.join(f'<h2>{g}</h2><ul>{"".join(items)}</ul>' for g, items in groups.items() if items)
-    return (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>nbtrainer docs</title></head>'
-            f'<body><h1>nbtrainer</h1>{sections}</body></html>')
+    return (
+        f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>nbtrainer docs</title></head>'
+        f'<body><h1>nbtrainer</h1>{sections}</body></html>'
+    )
 
 
 def render(out):

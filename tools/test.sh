@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Every test: the nbdev sync check, the notebooks, then tests/ with pytest. A stage that fails does not stop the next:
-# the summary at the end lists every failure of every stage, and the exit code is 1 if there was any.
+# Every test: the nbdev sync check, ruff, the notebooks, then tests/ with pytest. A stage that fails does not stop the
+# next: the summary at the end lists every failure of every stage, and the exit code is 1 if there was any.
 #
 #   bash tools/test.sh           everything (what CI runs)
-#   bash tools/test.sh --quick   the sync check, the core notebooks (nbs/00*) and the tests without a marker
+#   bash tools/test.sh --quick   the sync check, ruff, the core notebooks (nbs/00*) and the tests without a marker
 #
 # Run inside the project's environment (see README.md). Markers (pyproject.toml): ui, kernel, distributed, slow, cuda.
 set -uo pipefail
@@ -53,13 +53,25 @@ else
   failures+=("sync check: it needs a git checkout")
 fi
 
+# ruff over what people write (pyproject's [tool.ruff]: the notebooks' code cells, tests/, tools/, bench/; nbtrainer/ is
+# generated from the notebooks). `ruff format nbs tests tools bench index.ipynb && nbdev-export` fixes the format.
+stage "ruff check, ruff format --check"
+sources=(nbs tests tools bench index.ipynb)
+if command -v ruff >/dev/null; then
+  ruff check -q "${sources[@]}" || failures+=("ruff check: lint errors (run: ruff check ${sources[*]})")
+  ruff format --check -q "${sources[@]}" ||
+    failures+=("ruff format --check: files to format (run: ruff format ${sources[*]} && nbdev-export)")
+else
+  failures+=("ruff is missing: pip install -e '.[dev]'")
+fi
+
 # Bytecode for the package, once: every notebook, kernel, worker and subprocess below imports it, and where
 # PYTHONDONTWRITEBYTECODE is set (CI, some containers) each would compile its 14,000 lines again (0.2-0.3 s each).
 python -m compileall -q nbtrainer >/dev/null || failures+=("python -m compileall nbtrainer failed")
 
 # One process per notebook: notebooks re-run the cells that attach methods to shared classes (Learner.fit_async, ...),
 # and nbdev-test's worker pool would carry one notebook's definitions into the next.
-if $quick; then notebooks=$(ls nbs/00*.ipynb); else notebooks=$(find nbs -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*' | sort); fi
+if $quick; then notebooks=$(ls nbs/00*.ipynb); else notebooks=$(find nbs -type f -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*' | sort); fi
 stage "notebooks (nbdev-test, $jobs at a time, each in a fresh process)"
 echo "$notebooks" | xargs -P "$jobs" -I{} sh -c '
   log="$0/$(echo "{}" | tr / _).log"; start=$(date +%s)

@@ -6,16 +6,26 @@ shows them (`nbs/17_dashboard.ipynb`, "Screenshots"). Run the browser tests firs
 
 Each image is narrowed to 900 px at most and stored with 256 colours (no dithering), so that the notebook that embeds it
 stays small."""
+
 from pathlib import Path
 
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE, TARGET = ROOT / 'test-artifacts' / 'ui', ROOT / 'nbs' / 'images' / 'ui'
-SHOTS = {'cell-running.png': 'running.png', 'cell-paused.png': 'paused.png', 'cell-stopped.png': 'stopped.png',
-         'cell-failed.png': 'failed.png', 'cell-lr-finder.png': 'lr-finder.png', 'cell-reattached.png': 'reattached.png',
-         'live-light-theme.png': 'light-theme.png', 'fork-branch.png': 'fork-branch.png',
-         'html-display.png': 'html-display.png', 'live-long-fit.png': 'long-fit.png', 'live-waiting.png': 'waiting.png'}
+SHOTS = {
+    'cell-running.png': 'running.png',
+    'cell-paused.png': 'paused.png',
+    'cell-stopped.png': 'stopped.png',
+    'cell-failed.png': 'failed.png',
+    'cell-lr-finder.png': 'lr-finder.png',
+    'cell-reattached.png': 'reattached.png',
+    'live-light-theme.png': 'light-theme.png',
+    'fork-branch.png': 'fork-branch.png',
+    'html-display.png': 'html-display.png',
+    'live-long-fit.png': 'long-fit.png',
+    'live-waiting.png': 'waiting.png',
+}
 
 
 def main():
@@ -25,8 +35,11 @@ def main():
             print(f'missing {source}: run its browser test first (kept: {target})')
             continue
         image = Image.open(SOURCE / source).convert('RGB')
-        if image.width > 900: image = image.resize((900, round(image.height * 900 / image.width)), Image.LANCZOS)
-        image.quantize(colors=256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(TARGET / target, optimize=True)
+        if image.width > 900:
+            image = image.resize((900, round(image.height * 900 / image.width)), Image.LANCZOS)
+        image.quantize(colors=256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(
+            TARGET / target, optimize=True
+        )
         print(f'{target}: {(TARGET / target).stat().st_size // 1024} KB')
 
 
