@@ -48,6 +48,11 @@ class _Bars(ProgressCallback):
 
         return tqdm(desc=desc, file=_Nowhere(), **kwargs)  # counts and times: the dashboard draws it (`_bar_html`)
 
+    def before_train(self):  # the tick's clock runs on across epochs: reset at each, epochs under `refresh` never tick
+        last = self._last
+        super().before_train()
+        self._last = last
+
     def after_batch(self):  # one clock read a batch for the whole dashboard: the bars' refresh is its tick
         self._pending += 1
         now = clock.now()
