@@ -24,22 +24,13 @@ import contextlib, json, os, re, shutil, socket, subprocess, time, urllib.reques
 import nbformat
 import pytest
 
-from conftest import BIN, ROOT
+from conftest import BIN, CHROMIUM_ARGS, ROOT
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]  # JupyterLab in Chromium: minutes on a busy machine
 
 CHROMIUM = shutil.which('chromium') or '/usr/bin/chromium'
 ARTIFACTS = ROOT / 'test-artifacts' / 'ui'
-ARGS = [
-    '--headless',
-    '--no-sandbox',
-    '--disable-gpu',
-    '--disable-quic',
-    '--no-first-run',
-    '--disable-background-networking',
-    '--disable-component-update',
-    '--disable-sync',
-]
+ARGS = CHROMIUM_ARGS  # the flags every headless Chromium here starts with
 
 
 def slow_mlp(seconds):
