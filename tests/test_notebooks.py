@@ -136,7 +136,6 @@ RHYTHM_DEBT = {  # notebook: the checks it does not pass yet (issue #33 found th
     'nbs/15b_fsdp.ipynb': ('outputs', 'show_doc', 'words'),
     'nbs/16_control.ipynb': ('outputs', 'show_doc', 'words'),
     'nbs/17_dashboard.ipynb': ('show_doc', 'words'),
-    'nbs/19_study.ipynb': ('show_doc', 'words'),
     'nbs/98_testing.ipynb': ('outputs', 'show_doc'),
     'nbs/99_api.ipynb': ('outputs',),
 }
