@@ -109,7 +109,6 @@ RHYTHM_DEBT = {  # notebook: the checks it does not pass yet (issue #33 found th
     'nbs/00d_recorder.ipynb': ('outputs', 'show_doc', 'words'),
     'nbs/00e_checks.ipynb': ('outputs', 'show_doc'),
     'nbs/00f_parts.ipynb': ('show_doc', 'words'),
-    'nbs/00i_batches.ipynb': ('words',),
     'nbs/01_metrics.ipynb': ('outputs', 'show_doc'),
     'nbs/02_progress.ipynb': ('outputs', 'show_doc', 'words'),
     'nbs/03_plotting.ipynb': ('outputs', 'show_doc', 'words'),
