@@ -8,7 +8,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/callback.html.md"""
 __all__ = ['CANCEL_EXCEPTIONS', 'SCOPES', 'EVENTS', 'BATCH_EVENTS', 'CancelFitException', 'CancelEpochException',
            'CancelTrainException', 'CancelValidateException', 'CancelBatchException', 'CancelStepException',
            'CancelBackwardException', 'PreemptedException', 'NonFiniteLossError', 'Order', 'Callback',
-           'FunctionCallback', 'as_callback', 'dispatch_tables', 'add_note', 'CallbackHost', 'EventScope']
+           'FunctionCallback', 'dispatch_tables', 'CallbackHost', 'EventScope']
 
 # %% ../nbs/00a_callback.ipynb #098e3d06
 import types
@@ -60,6 +60,7 @@ CANCEL_EXCEPTIONS = (
     CancelBackwardException,
 )
 
+# %% ../nbs/00a_callback.ipynb #afb29391
 SCOPES = ('fit', 'epoch', 'train', 'validate', 'batch', 'backward', 'step')
 EVENTS = (
     'before_fit',
@@ -102,7 +103,7 @@ BATCH_EVENTS = frozenset(
     }
 )
 
-# %% ../nbs/00a_callback.ipynb #03081e6b
+# %% ../nbs/00a_callback.ipynb #8cdee275
 class Order:
     "Named places in the callback order, lower first at every event; the gaps leave room for your own."
 
@@ -114,7 +115,7 @@ class Order:
     SAVE = 90  # checkpoints: after the writers, so the state they save is final
     CONTROL = 100  # may hold the loop (pause) or time it: every other callback has seen the batch
 
-
+# %% ../nbs/00a_callback.ipynb #79da2b0f
 class Callback:
     "Base class for callbacks: define methods named after events in `EVENTS`."
 
@@ -133,7 +134,7 @@ class Callback:
     def check_state(self, state):
         "Raise a ValueError if `state`, read from a file, is not one `load_state_dict` takes."
 
-# %% ../nbs/00a_callback.ipynb #54652b16
+# %% ../nbs/00a_callback.ipynb #330ba5cb
 class FunctionCallback(Callback):
     "A plain function `fn(learn, event)` as a callback: called for every event, with the event's name."
 
@@ -153,7 +154,7 @@ def _forward_event(event):
 for _event in EVENTS:
     setattr(FunctionCallback, _event, _forward_event(_event))
 
-
+# %% ../nbs/00a_callback.ipynb #5da029e7
 def as_callback(cb):
     "A callback from what `cbs=` accepts: a `Callback` (or any object with event methods), a class to instantiate, or a function."
     if isinstance(cb, type):
@@ -167,7 +168,7 @@ def as_callback(cb):
         )
     return cb
 
-# %% ../nbs/00a_callback.ipynb #bdb54f18
+# %% ../nbs/00a_callback.ipynb #de0b59e1
 def dispatch_tables(cbs, main_process=True):
     "For each phase (True: training, False: validation), each event's handlers as (callback, bound method), in order."
     ordered = sorted(
@@ -192,7 +193,7 @@ def dispatch_tables(cbs, main_process=True):
         for training in (True, False)
     }
 
-
+# %% ../nbs/00a_callback.ipynb #e3fd44a6
 def add_note(exc, msg):
     "Attach `msg` to the traceback of `exc` (Python 3.11+; a no-op before)."
     getattr(exc, 'add_note', lambda _: None)(msg)

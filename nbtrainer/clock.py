@@ -23,7 +23,7 @@ class Clock:
     def sleep(self, seconds):
         time.sleep(seconds)
 
-
+# %% ../nbs/00g_clock.ipynb #234d8740
 _current = Clock()
 
 

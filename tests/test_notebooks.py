@@ -103,16 +103,9 @@ def test_stored_with_the_language_jupyter_adds(path):
 # only shrinks (a listed notebook that now passes a check fails here until it is taken off).
 MOST_WORDS, LEAST_SHOWN = 250, 0.7
 RHYTHM_DEBT = {  # notebook: the checks it does not pass yet (issue #33 found them; fixing one shrinks this)
-    'nbs/00_core.ipynb': ('outputs', 'words'),
-    'nbs/00a_callback.ipynb': ('outputs', 'show_doc', 'words'),
-    'nbs/00b_data.ipynb': ('outputs', 'show_doc'),
-    'nbs/00c_rng.ipynb': ('outputs', 'show_doc'),
     'nbs/00d_recorder.ipynb': ('outputs', 'show_doc', 'words'),
     'nbs/00e_checks.ipynb': ('outputs', 'show_doc'),
     'nbs/00f_parts.ipynb': ('show_doc', 'words'),
-    'nbs/00g_clock.ipynb': ('show_doc',),
-    'nbs/00h_runfiles.ipynb': ('show_doc',),
-    'nbs/00i_batches.ipynb': ('words',),
     'nbs/01_metrics.ipynb': ('outputs', 'show_doc'),
     'nbs/02_progress.ipynb': ('outputs', 'show_doc', 'words'),
     'nbs/03_plotting.ipynb': ('outputs', 'show_doc', 'words'),
