@@ -114,7 +114,6 @@ RHYTHM_DEBT = {  # notebook: the checks it does not pass yet (issue #33 found th
     'nbs/00h_runfiles.ipynb': ('show_doc',),
     'nbs/00i_batches.ipynb': ('words',),
     'nbs/01_metrics.ipynb': ('outputs', 'show_doc'),
-    'nbs/03a_render.ipynb': ('outputs', 'show_doc', 'words'),
     'nbs/05_precision.ipynb': ('outputs', 'words'),
     'nbs/06_loggers.ipynb': ('outputs', 'show_doc', 'words'),
     'nbs/07_gradients.ipynb': ('outputs',),
