@@ -129,7 +129,6 @@ RHYTHM_DEBT = {  # notebook: the checks it does not pass yet (issue #33 found th
     'nbs/13_lr_finder.ipynb': ('show_doc', 'words'),
     'nbs/15_distributed.ipynb': ('outputs', 'show_doc', 'words'),
     'nbs/15b_fsdp.ipynb': ('outputs', 'show_doc', 'words'),
-    'nbs/17_dashboard.ipynb': ('show_doc', 'words'),
     'nbs/18_track.ipynb': ('show_doc', 'words'),
     'nbs/19_study.ipynb': ('show_doc', 'words'),
     'nbs/98_testing.ipynb': ('outputs', 'show_doc'),
