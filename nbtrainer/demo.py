@@ -36,7 +36,7 @@ def digits_loaders(batch_size=64, valid_frac=0.2, seed=0):
         DataLoader(TensorDataset(x[valid], y[valid]), batch_size=batch_size * 2),
     )
 
-
+# %% ../nbs/04_demo.ipynb #bd982037
 def digits_model(hidden=128, dropout=0.1):
     "A two-layer MLP for 64 pixels → 10 classes."
     return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 10))
@@ -54,7 +54,7 @@ def fashion_mnist_loaders(root='data', batch_size=128):
         DataLoader(valid, batch_size=batch_size * 2, num_workers=2),
     )
 
-# %% ../nbs/04_demo.ipynb #759585d9
+# %% ../nbs/04_demo.ipynb #13d1b278
 def train_digits(epochs=20, lr=3e-3, batch_size=64, seed=0, out='runs/digits'):
     "Train the digits MLP with progress, save `history.png` and `history.csv` in `out`; returns the Learner."
     torch.manual_seed(seed)
@@ -71,7 +71,7 @@ def train_digits(epochs=20, lr=3e-3, batch_size=64, seed=0, out='runs/digits'):
     )
     return learn
 
-
+# %% ../nbs/04_demo.ipynb #8f76f31c
 def main(argv=None):
     "The `nbtrainer-demo` command."
     parser = argparse.ArgumentParser(prog='nbtrainer-demo', description='Train an MLP on scikit-learn digits.')
