@@ -118,7 +118,6 @@ RHYTHM_DEBT = {  # notebook: the checks it does not pass yet (issue #33 found th
     'nbs/03_plotting.ipynb': ('outputs', 'show_doc', 'words'),
     'nbs/03a_render.ipynb': ('outputs', 'show_doc', 'words'),
     'nbs/04_demo.ipynb': ('outputs', 'show_doc'),
-    'nbs/08c_fork.ipynb': ('outputs', 'show_doc', 'words'),
     'nbs/09_evaluate.ipynb': ('words',),
     'nbs/10_diagnose.ipynb': ('outputs', 'show_doc', 'words'),
     'nbs/11_layers.ipynb': ('outputs', 'words'),
