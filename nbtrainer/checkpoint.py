@@ -6,8 +6,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/checkpoint.html.md"""
 
 # %% auto #0
 __all__ = ['FORMAT', 'ROW_WIDTH', 'ROW_BYTES', 'CONFIG_PARTS', 'STATE_FILE', 'plain_state_dict', 'run_config', 'config_changes',
-           'read_checkpoint', 'training_state', 'load_plain_state_dict', 'load_training_state', 'plain_checkpoint',
-           'Checkpointer']
+           'read_checkpoint', 'plain_checkpoint', 'Checkpointer']
 
 # %% ../nbs/08_checkpoint.ipynb #51cc03d5
 import fcntl, hashlib, math, numbers, os, shutil, socket, threading, warnings, weakref, zlib
@@ -35,7 +34,7 @@ from nbtrainer.runfiles import (
     side_file,
 )
 
-# %% ../nbs/08_checkpoint.ipynb #f5e5cb7c
+# %% ../nbs/08_checkpoint.ipynb #12543a95
 FORMAT = 'nbtrainer-checkpoint-3'
 ROW_WIDTH = len(Recorder.columns)  # the Recorder's per-batch columns, as float64 rows
 ROW_BYTES = 8 * ROW_WIDTH
@@ -51,7 +50,7 @@ def plain_state_dict(state):
         out[key] = value
     return out
 
-
+# %% ../nbs/08_checkpoint.ipynb #45356b46
 def _callback_key(cb, taken):
     "A stable key per callback: its class name, numbered when a class appears twice."
     name, i = type(cb).__name__, 1
@@ -194,7 +193,7 @@ def _check_run_config(learn, state, path, allow_changes, lr_given, strict):
         f'{text}: loaded anyway (learn.load(path, allow_changes={parts!r}) says this is intended)', stacklevel=3
     )
 
-# %% ../nbs/08_checkpoint.ipynb #45356b46
+# %% ../nbs/08_checkpoint.ipynb #15da1cdd
 def read_checkpoint(path, map_location='cpu'):
     """Read a checkpoint safely, a file or a sharded checkpoint's folder, through `nbs/00h_runfiles.ipynb`'s readers:
     checksums checked, nothing unpickled outside an allow list; one clear error for a missing, truncated, corrupt,
@@ -207,7 +206,7 @@ def read_checkpoint(path, map_location='cpu'):
         raise ValueError(f'{path} is not an nbtrainer checkpoint: it has no "model" key')
     return state
 
-
+# %% ../nbs/08_checkpoint.ipynb #804cf4a8
 def _read_rows(file, start, count):
     return read_rows(file, ROW_WIDTH, start, count)
 
@@ -318,7 +317,7 @@ def _batch_rows(state, path):
     _side_crcs[_key(file)] = (count, rows['crc32'])  # a save from here on appends to them, reading nothing
     return mapped, verify
 
-# %% ../nbs/08_checkpoint.ipynb #963cf29f
+# %% ../nbs/08_checkpoint.ipynb #edd4a220
 @patch_to(Learner)
 def save(learn, path, batches_file=None):
     """Write the whole training state to `path`, atomically; returns the path. The per-batch rows go to `batches_file`,
@@ -336,7 +335,7 @@ def save(learn, path, batches_file=None):
     _atomic_save(state, path)
     return Path(path)
 
-
+# %% ../nbs/08_checkpoint.ipynb #6ae1b60d
 def training_state(learn):
     "Everything a checkpoint holds but the per-batch rows, as references (None on a rank other than the main one)."
     learn.strategy.before_save(learn)  # DDP: the statistics every rank must agree on (collectives, so every rank calls)
@@ -358,7 +357,7 @@ def training_state(learn):
         'callbacks': {k: v for k, v in callbacks.items() if v},
     }
 
-# %% ../nbs/08_checkpoint.ipynb #32409803
+# %% ../nbs/08_checkpoint.ipynb #59997963
 def _check_model(model, state, path):
     expected = plain_state_dict(model.state_dict())
     missing = [k for k in expected if k not in state]
@@ -439,7 +438,7 @@ def _upgrade(state):
             kept['best'] = [[s, Path(p).name, r] for s, p, r in kept['best']]
     return state
 
-
+# %% ../nbs/08_checkpoint.ipynb #72f35cb3
 @patch_to(Learner)
 def load(
     learn, path, model_only=False, check_data=True, allow_changes=None, strict=False, lr_given=False, weights_only=None
@@ -466,7 +465,7 @@ def load(
         raise ValueError(f'{path} holds weights only; use learn.load(path, model_only=True)')
     return load_training_state(learn, state, path, check_data, allow_changes, strict, lr_given)
 
-
+# %% ../nbs/08_checkpoint.ipynb #03283fc8
 def _check_states(learn, state, path, keys):
     "Each callback's check of the state it is about to be given: a crafted or damaged one is refused before any change."
     for key, cb_state in state['callbacks'].items():
@@ -530,7 +529,7 @@ def load_training_state(learn, state, path, check_data=True, allow_changes=None,
         learn.recorder.clear_since_row()  # under DDP the saved sums are every rank's: rank 0 holds them
     return state
 
-# %% ../nbs/08_checkpoint.ipynb #152a2340
+# %% ../nbs/08_checkpoint.ipynb #578fda1f
 STATE_FILE = 'state.pt'  # in a sharded checkpoint's folder: everything but the tensors of the model and the optimizer
 
 
@@ -630,7 +629,7 @@ def _load_tensors(learn, state, path, optimizer=True):
     if optimizer:
         learn.opt.load_state_dict(state['optimizer'])
 
-
+# %% ../nbs/08_checkpoint.ipynb #67cb56f2
 def plain_checkpoint(folder, path):
     "Convert the sharded checkpoint `folder` into one plain checkpoint file at `path`, which `torch.load` reads alone."
     folder, path = Path(folder), Path(path)
