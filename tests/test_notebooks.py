@@ -139,7 +139,6 @@ RHYTHM_DEBT = {  # notebook: the checks it does not pass yet (issue #33 found th
     'nbs/18_track.ipynb': ('show_doc', 'words'),
     'nbs/19_study.ipynb': ('show_doc', 'words'),
     'nbs/98_testing.ipynb': ('outputs', 'show_doc'),
-    'nbs/99_api.ipynb': ('outputs',),
     'nbs/tutorials/keras_custom_loop.ipynb': ('words',),
     'nbs/tutorials/pytorch_tricks.ipynb': ('words',),
     'nbs/tutorials/tf_distribute.ipynb': ('words',),
