@@ -137,7 +137,6 @@ RHYTHM_DEBT = {  # notebook: the checks it does not pass yet (issue #33 found th
     'nbs/17_dashboard.ipynb': ('show_doc', 'words'),
     'nbs/18_track.ipynb': ('show_doc', 'words'),
     'nbs/19_study.ipynb': ('show_doc', 'words'),
-    'nbs/98_testing.ipynb': ('outputs', 'show_doc'),
     'nbs/tutorials/keras_custom_loop.ipynb': ('words',),
     'nbs/tutorials/pytorch_tricks.ipynb': ('words',),
     'nbs/tutorials/tf_distribute.ipynb': ('words',),
