@@ -107,7 +107,6 @@ RHYTHM_DEBT = {  # notebook: the checks it does not pass yet (issue #33 found th
     'nbs/00a_callback.ipynb': ('outputs', 'show_doc', 'words'),
     'nbs/00b_data.ipynb': ('outputs', 'show_doc'),
     'nbs/00c_rng.ipynb': ('outputs', 'show_doc'),
-    'nbs/00f_parts.ipynb': ('show_doc', 'words'),
     'nbs/00g_clock.ipynb': ('show_doc',),
     'nbs/00h_runfiles.ipynb': ('show_doc',),
     'nbs/00i_batches.ipynb': ('words',),
