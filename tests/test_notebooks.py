@@ -110,7 +110,6 @@ RHYTHM_DEBT = {  # notebook: the checks it does not pass yet (issue #33 found th
     'nbs/00g_clock.ipynb': ('show_doc',),
     'nbs/00h_runfiles.ipynb': ('show_doc',),
     'nbs/00i_batches.ipynb': ('words',),
-    'nbs/01_metrics.ipynb': ('outputs', 'show_doc'),
     'nbs/02_progress.ipynb': ('outputs', 'show_doc', 'words'),
     'nbs/03_plotting.ipynb': ('outputs', 'show_doc', 'words'),
     'nbs/03a_render.ipynb': ('outputs', 'show_doc', 'words'),
