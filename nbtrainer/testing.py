@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from .core import Learner
 
-# %% ../nbs/98_testing.ipynb #66b7cb59
+# %% ../nbs/98_testing.ipynb #19a3e0c5
 def raises(f, *words, exc=ValueError):
     "Assert that `f()` raises `exc` with every one of `words` in its message; returns the exception."
     try:
@@ -29,7 +29,7 @@ def raises(f, *words, exc=ValueError):
         return e
     raise AssertionError(f'no {exc.__name__} raised')
 
-
+# %% ../nbs/98_testing.ipynb #66b7cb59
 def same_weights(a, b):
     "True if two models (or state dicts) hold bit-identical tensors."
     a, b = (m.state_dict() if isinstance(m, nn.Module) else m for m in (a, b))
@@ -81,7 +81,7 @@ def synth_learner(n=64, bs=16, valid=True, lr=0.1, **kwargs):
     kwargs = {'loss_func': F.mse_loss, 'opt_func': torch.optim.SGD, 'metrics': (), 'progress': False, **kwargs}
     return Learner(nn.Linear(1, 1), dl, dl if valid else None, lr=lr, **kwargs)
 
-
+# %% ../nbs/98_testing.ipynb #a83487e1
 class Keyword(nn.Module):
     "Wraps a model so it takes its input by keyword, as dict batches give it: `Keyword(net)(x=...)`."
 
