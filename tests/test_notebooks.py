@@ -126,7 +126,6 @@ RHYTHM_DEBT = {  # notebook: the checks it does not pass yet (issue #33 found th
     'nbs/08b_preemption.ipynb': ('outputs', 'words'),
     'nbs/08c_fork.ipynb': ('outputs', 'show_doc', 'words'),
     'nbs/14_liveplot.ipynb': ('words',),
-    'nbs/15b_fsdp.ipynb': ('outputs', 'show_doc', 'words'),
     'nbs/16_control.ipynb': ('outputs', 'show_doc', 'words'),
     'nbs/17_dashboard.ipynb': ('show_doc', 'words'),
     'nbs/18_track.ipynb': ('show_doc', 'words'),
