@@ -34,7 +34,7 @@ REMEDIES = """Likely remedies, cheapest first:
   - move preprocessing offline: decode, resize, tokenize once and cache the result;
   - drop unused columns and features early, in the dataset, not after collation."""
 
-
+# %% ../nbs/10_diagnose.ipynb #948dbacf
 class _HostClock:
     "Host wall time: the truth when the model runs on the CPU."
 

@@ -6,9 +6,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/distributed.html.md"""
 
 # %% auto #0
 __all__ = ['DEFAULT_TIMEOUT', 'is_distributed', 'rank', 'world_size', 'is_main_process', 'init_distributed', 'barrier',
-           'broadcast_object', 'rank_seed', 'seed_rank_streams', 'shard_loader', 'padded_position', 'global_batch_size',
-           'sync_metrics', 'gather_metrics', 'sync_training_stats', 'hold_training_stats_on_rank_0',
-           'sync_batchnorm_stats', 'request_stop', 'identical_on_every_rank', 'DistributedTrainer', 'launch']
+           'broadcast_object', 'rank_seed', 'shard_loader', 'request_stop', 'DistributedTrainer', 'launch']
 
 # %% ../nbs/15_distributed.ipynb #55073010
 import atexit, codecs, datetime, inspect, io, os, pickle, random, re, select, socket, sys, time, warnings, weakref
@@ -88,12 +86,12 @@ def broadcast_object(obj, src=0):
     dist.broadcast_object_list(box, src=src)
     return box[0]
 
-# %% ../nbs/15_distributed.ipynb #91f4deef
+# %% ../nbs/15_distributed.ipynb #6d600071
 def rank_seed(seed, rank):
     "A seed for `rank` derived from `seed`: distinct per rank, and unrelated to `seed`'s own stream."
     return int(np.random.SeedSequence([seed % 2**64, rank]).generate_state(1, np.uint64)[0] % 2**63)
 
-
+# %% ../nbs/15_distributed.ipynb #af35067a
 def seed_rank_streams(seed, rank):
     "Seed torch, `random` and NumPy with `rank_seed(seed, rank)`: augmentation and loader workers differ per rank."
     s = rank_seed(seed, rank)
@@ -101,7 +99,7 @@ def seed_rank_streams(seed, rank):
     np.random.seed(s % 2**32)
     torch.manual_seed(s)
 
-# %% ../nbs/15_distributed.ipynb #d5d91449
+# %% ../nbs/15_distributed.ipynb #5fe914ee
 def shard_loader(dl, shuffle=None, seed=0, rank=None, world=None):
     "`dl` re-made with a `DistributedSampler`: same dataset, batch size, shuffle, drop_last, collate_fn and workers."
     if isinstance(getattr(dl, 'sampler', None), DistributedSampler):
@@ -154,7 +152,7 @@ def shard_loader(dl, shuffle=None, seed=0, rank=None, world=None):
         **extra,
     )
 
-
+# %% ../nbs/15_distributed.ipynb #2068e596
 def padded_position(dl):
     "(batch index, row) of the one example `dl`'s `DistributedSampler` repeats on this rank to even out the ranks, or None."
     s = getattr(dl, 'sampler', None)
@@ -168,7 +166,7 @@ def padded_position(dl):
         return None  # its batch is dropped anyway
     return b, row
 
-# %% ../nbs/15_distributed.ipynb #63470e63
+# %% ../nbs/15_distributed.ipynb #7a6f6d22
 def global_batch_size(dl, i):
     "Real examples (padding left out) in batch `i` of `dl`, summed over the ranks, from its `DistributedSampler` alone; None if it cannot tell."
     s = getattr(dl, 'sampler', None)
@@ -179,7 +177,7 @@ def global_batch_size(dl, i):
     start, end = i * per_rank * world, min((i + 1) * per_rank, s.num_samples) * world  # batch i's positions, all ranks
     return max(0, min(end, real) - start)
 
-# %% ../nbs/15_distributed.ipynb #e416cf2e
+# %% ../nbs/15_distributed.ipynb #93f4bc9e
 def _describe(v):
     "What a rank holds for one state: None, or (shape, is_float)."
     if v is None:
@@ -264,7 +262,7 @@ class _SyncAtEnd:
         sync_metrics([learn.valid_loss, *learn.metrics], learn.device)
         gather_metrics(learn.metrics)
 
-# %% ../nbs/15_distributed.ipynb #e7e4f039
+# %% ../nbs/15_distributed.ipynb #82c9d34e
 def sync_batchnorm_stats(model):
     "Average the running means and variances of BatchNorm-like layers over the ranks, in place (SyncBatchNorm's agree already)."
     if not is_distributed():
@@ -286,7 +284,7 @@ def sync_batchnorm_stats(model):
         b.copy_(flat[:n].view_as(b))
         flat = flat[n:]
 
-# %% ../nbs/15_distributed.ipynb #2068e596
+# %% ../nbs/15_distributed.ipynb #84bf6298
 def _no_buffer_broadcast():
     "DDP's option to leave buffers alone in forward: BatchNorm statistics stay per rank and are averaged at evaluations and checkpoints."
     names = inspect.signature(nn.parallel.DistributedDataParallel).parameters
@@ -297,7 +295,7 @@ def request_stop(learn):
     "From a callback: end the fit. One process: `CancelFitException` now. DDP: every rank raises it at the same batch, soon."
     learn.strategy.request_stop()
 
-
+# %% ../nbs/15_distributed.ipynb #cd8fffc6
 def _fingerprint(t):
     "Two sums of a tensor's values, plain and position-weighted: equal batches give equal pairs."
     f = t.detach().double().flatten()
@@ -315,7 +313,7 @@ def identical_on_every_rank(batch):
     dist.all_gather(every, mine)
     return all(torch.equal(every[0], other) for other in every[1:])
 
-
+# %% ../nbs/15_distributed.ipynb #e4afe71e
 class DistributedTrainer(SingleProcess, name='ddp'):
     "The DDP strategy: wraps the model, shards loaders, masks sampler padding, counts the global batch, syncs metrics and stops all ranks together."
 

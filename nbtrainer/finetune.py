@@ -39,7 +39,7 @@ def head_body(model):
     head = children[-1]
     return [_own_params(model, [head]), list(head.parameters())]
 
-
+# %% ../nbs/12b_finetune.ipynb #88001d2f
 def _submodule(model, path):
     for name in path.split('.'):
         model = getattr(model, name)
@@ -78,7 +78,7 @@ def _first_module_index(model, target, param=False):
             return i
     return -1
 
-
+# %% ../nbs/12b_finetune.ipynb #b3f8bcc5
 class layer_decay:
     "Per-group lrs for `lr=`: the last group at `lr`, each earlier group `factor` times the next (layer-wise decay)."
 
@@ -244,7 +244,7 @@ class EMA(Callback):
             torch._foreach_copy_(self.averaged, saved)
         self.updates = state['updates']
 
-
+# %% ../nbs/12b_finetune.ipynb #94b73438
 class SWA(EMA):
     "Stochastic weight averaging: the equal-weight mean of the weights after every `every`-th step after step `start`."
 

@@ -50,7 +50,7 @@ def divergence(losses, margin=0.1, div_factor=4):
             return i
     return end
 
-
+# %% ../nbs/13_lr_finder.ipynb #63471af9
 class LRFinder(Callback):
     "Raise every param group's lr exponentially from `start_lr` to `end_lr` over `num_it` optimizer steps; record the loss."
 
@@ -112,7 +112,7 @@ class LRFinder(Callback):
         if self.stop_div and divergence(self.losses, self.margin, self.div_factor) < len(self.losses):
             raise CancelFitException()
 
-# %% ../nbs/13_lr_finder.ipynb #ba1e0367
+# %% ../nbs/13_lr_finder.ipynb #4c550bad
 class Suggestions(namedtuple('Suggestions', 'valley steep minimum')):
     "Suggested lrs from a range test; any may be None when the curve is too short or never falls."
 
@@ -123,7 +123,7 @@ class Suggestions(namedtuple('Suggestions', 'valley steep minimum')):
         "The first suggestion that is not None, in the order valley, steep, minimum."
         return next((s for s in self if s is not None), None)
 
-
+# %% ../nbs/13_lr_finder.ipynb #a4db628f
 def used_end(losses, margin=0.1, div_factor=4, rise=0.25):
     """Where the part of a range test's smoothed `losses` that the suggestions use (and the plot draws as used) ends:
     the divergent tail cut (`divergence`, which stops the test), and, once the loss has really fallen, from the first
@@ -141,7 +141,7 @@ def used_end(losses, margin=0.1, div_factor=4, rise=0.25):
     jumped = np.nonzero(losses[low + 1 : end] > losses[low] + rise * fall)[0]
     return low + 1 + int(jumped[0]) if len(jumped) else end
 
-
+# %% ../nbs/13_lr_finder.ipynb #181a8870
 def _usable(losses, div_factor=4, margin=0.1):
     "The indices of the points the suggestions use: divergent tail cut (`used_end`), first few skipped."
     end = used_end(losses, margin, div_factor)
@@ -150,7 +150,7 @@ def _usable(losses, div_factor=4, margin=0.1):
         skip = 0
     return range(skip, end)
 
-
+# %% ../nbs/13_lr_finder.ipynb #2700665d
 def suggest_lrs(lrs, losses, div_factor=4, margin=0.1):
     "`Suggestions(valley, steep, minimum)` from a range test's lrs and smoothed losses, before the divergent tail."
     if len(lrs) != len(losses):

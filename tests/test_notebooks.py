@@ -103,14 +103,6 @@ def test_stored_with_the_language_jupyter_adds(path):
 # only shrinks (a listed notebook that now passes a check fails here until it is taken off).
 MOST_WORDS, LEAST_SHOWN = 250, 0.7
 RHYTHM_DEBT = {  # notebook: the checks it does not pass yet (issue #33 found them; fixing one shrinks this)
-    'nbs/09_evaluate.ipynb': ('words',),
-    'nbs/10_diagnose.ipynb': ('outputs', 'show_doc', 'words'),
-    'nbs/11_layers.ipynb': ('outputs', 'words'),
-    'nbs/12_schedule.ipynb': ('outputs', 'words'),
-    'nbs/12b_finetune.ipynb': ('outputs', 'show_doc', 'words'),
-    'nbs/13_lr_finder.ipynb': ('show_doc', 'words'),
-    'nbs/15_distributed.ipynb': ('outputs', 'show_doc', 'words'),
-    'nbs/15b_fsdp.ipynb': ('outputs', 'show_doc', 'words'),
 }
 
 
