@@ -99,11 +99,9 @@ def test_stored_with_the_language_jupyter_adds(path):
 
 # The rhythm of fastai's notebooks (issue #33): every exported function and class has its `show_doc`; no run of
 # markdown over 250 words before the code it leads to; at least 70% of the example cells (not hidden, not exported,
-# not a show_doc) show an output. Notebooks written before the rule are listed with what they still lack: the list
-# only shrinks (a listed notebook that now passes a check fails here until it is taken off).
+# not a show_doc) show an output. Every notebook passes all three; an internal helper is exported with `#| exporti`
+# (out of `__all__`), so only the API needs its show_doc.
 MOST_WORDS, LEAST_SHOWN = 250, 0.7
-RHYTHM_DEBT = {  # notebook: the checks it does not pass yet (issue #33 found them; fixing one shrinks this)
-}
 
 
 def words(text):
@@ -166,16 +164,12 @@ def rhythm_problems(path):
 
 @pytest.mark.parametrize('path', ALL_NOTEBOOKS, ids=ids(ALL_NOTEBOOKS))
 def test_rhythm(path):
-    name = str(path.relative_to(ROOT))
-    problems, owed = rhythm_problems(path), set(RHYTHM_DEBT.get(name, ()))
-    new = {check: found for check, found in problems.items() if check not in owed}
-    assert not new, (
-        f'{name} breaks the notebooks\' rhythm: {new} (show_doc: a `show_doc(name)` cell after the export; '
-        f'words: a run of markdown over {MOST_WORDS} words before code; outputs: under '
-        f'{LEAST_SHOWN:.0%} of the example cells show an output)'
+    problems = rhythm_problems(path)
+    assert not problems, (
+        f"{path.relative_to(ROOT)} breaks the notebooks' rhythm: {problems} (show_doc: a `show_doc(name)` cell after "
+        f'the export, or `#| exporti` for a helper no user calls; words: a run of markdown over {MOST_WORDS} words '
+        f'before code; outputs: under {LEAST_SHOWN:.0%} of the example cells show an output)'
     )
-    paid = owed - set(problems)
-    assert not paid, f'{name} now passes {sorted(paid)}: take that off RHYTHM_DEBT in tests/test_notebooks.py'
 
 
 def test_rhythm_checks_can_fail():
