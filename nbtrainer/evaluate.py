@@ -338,7 +338,7 @@ class Evaluation:
         "An `Evaluation` saved with `save` (loads with weights_only=True: no code runs)."
         return cls(**torch.load(path, weights_only=True), dataset=dataset)
 
-
+# %% ../nbs/09_evaluate.ipynb #66e72ab5
 def _as_image(x):
     "A tensor as something imshow draws: (H, W) grey, or (H, W, 3) colour in [0, 1]."
     x = torch.as_tensor(x).detach().cpu().float()
