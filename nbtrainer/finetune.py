@@ -355,7 +355,7 @@ def _shape(out):
         return {k: _shape(v) for k, v in out.items()}
     return type(out).__name__
 
-
+# %% ../nbs/12b_finetune.ipynb #edf9e603
 class Summary:
     "What `learn.summary()` shows: `layers`, `groups`, `optimizer` groups and totals; HTML in Jupyter, text elsewhere."
 
@@ -409,7 +409,7 @@ class Summary:
         title = f'<b>{escape(self.model_name)}</b>: {escape(self.totals())}'
         return f'<div>{title}' + ''.join(map(table, self._tables())) + '</div>'
 
-
+# %% ../nbs/12b_finetune.ipynb #ab807abd
 def _first_batch(learn):
     dl = learn.valid_dl if learn.valid_dl is not None else learn.train_dl
     state = rng_state(dl)  # a shuffling loader draws from the random state: put it back
@@ -418,7 +418,7 @@ def _first_batch(learn):
     finally:
         set_rng_state(state, dl)
 
-
+# %% ../nbs/12b_finetune.ipynb #18d8e118
 _SETTINGS = ('weight_decay', 'momentum', 'betas', 'eps')
 
 
