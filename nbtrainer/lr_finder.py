@@ -184,7 +184,7 @@ def _loss_at(lrs, losses, lr):
     "The smoothed loss at `lr`, interpolated in log(lr) (clamped to the tested range)."
     return float(np.interp(math.log10(lr), np.log10(lrs), losses))
 
-
+# %% ../nbs/13_lr_finder.ipynb #09b8d860
 PLOT_AREA = dict(left=0.1, right=0.97, bottom=0.15, top=0.95)  # the axes in the figure, as fractions
 # ipywidgets 8's slider in JupyterLab: a 2 px margin, then the description, 4 + 10 px, the track; after the track 10 px
 # and a 72 px readout. From the figure's left edge, the track starts at description + 16 and ends at width - 80.
