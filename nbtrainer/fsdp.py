@@ -22,7 +22,7 @@ def _post_order(module):
         yield from _post_order(child)
     yield module
 
-
+# %% ../nbs/15b_fsdp.ipynb #8c088a04
 class FSDP(DistributedTrainer, name='fsdp'):
     "The FSDP2 strategy: a rank holds a shard of the weights, gradients and optimizer state; data and metrics as DDP."
 
