@@ -540,7 +540,7 @@ def _free_port():
         s.bind(('127.0.0.1', 0))
         return s.getsockname()[1]
 
-
+# %% ../nbs/15_distributed.ipynb #60728aa3
 def _leave_jupyter():
     "In a worker: text progress bars and no inline display, since only the kernel process can talk to the notebook."
     import tqdm.std, types
@@ -557,7 +557,7 @@ def _leave_jupyter():
 
         InteractiveShell.clear_instance()
 
-
+# %% ../nbs/15_distributed.ipynb #790a06ad
 def _worker(rank_, world, port, backend, timeout, threads, out, result, payload):
     fd = out.fileno()
     os.dup2(fd, 1)
@@ -593,7 +593,7 @@ def _worker(rank_, world, port, backend, timeout, threads, out, result, payload)
         if is_distributed():
             dist.destroy_process_group()
 
-
+# %% ../nbs/15_distributed.ipynb #9d702629
 def _dumps(obj):
     try:
         import cloudpickle
@@ -605,7 +605,7 @@ def _dumps(obj):
 def _loads(data):
     return pickle.loads(data)
 
-
+# %% ../nbs/15_distributed.ipynb #5334febf
 def launch(train_fn, nprocs=2, args=(), kwargs=None, timeout=None, backend=None, threads=1, start_method=None):
     "Run `train_fn(*args, **kwargs)` in `nprocs` processes joined in a process group; stream rank 0's output, return its result."
     if torch.cuda.is_initialized():
@@ -651,7 +651,7 @@ def launch(train_fn, nprocs=2, args=(), kwargs=None, timeout=None, backend=None,
             if p.is_alive():
                 p.kill()
 
-
+# %% ../nbs/15_distributed.ipynb #2c9d1264
 def _supervise(procs, outs, result_r, timeout):
     "Stream rank 0's output, keep the others' tails, and stop everything as soon as one rank fails."
     streams = {o.fileno(): r for r, o in enumerate(outs)}
@@ -688,7 +688,7 @@ def _supervise(procs, outs, result_r, timeout):
                 raise RuntimeError('rank 0 ended without returning a result')
             return result
 
-
+# %% ../nbs/15_distributed.ipynb #3660d14a
 def _drain(streams, decoders, tails):
     "Read what the ranks wrote before they stopped, so that a report quotes their last lines."
     while streams and (ready := select.select(list(streams), [], [], 0.2)[0]):
