@@ -243,7 +243,7 @@ def fit_async(
     task.add_done_callback(lambda t: t.cancelled() or t.exception())  # in the background, its end is the summary's
     return task
 
-
+# %% ../nbs/16_control.ipynb #d2e0e7fd
 _RUNNING = set()  # the Controls of the fits `fit_async` runs
 
 
@@ -267,7 +267,7 @@ def _end_background_fits_on_kernel_interrupt():
     on_interrupt.ends_fits = True
     kernel.saved_sigint_handler = on_interrupt
 
-
+# %% ../nbs/16_control.ipynb #9ac196da
 class _Started(Callback):
     "Tells `fit_async` that the fit has begun: every other callback's `before_fit` has run."
 
@@ -279,7 +279,7 @@ class _Started(Callback):
     def before_fit(self):
         self.event.set()
 
-
+# %% ../nbs/16_control.ipynb #7c35ec7c
 async def _wait_for_fit(learn, done, thread, controls):
     """Wait for the fit in `thread`, waking often: Jupyter delivers an interrupt (a cancel) only when the loop wakes, and
     a cell run meanwhile behind an awaited fit is told, in its output, that it waits for the fit."""
@@ -302,7 +302,7 @@ async def _wait_for_fit(learn, done, thread, controls):
     except Exception as e:  # the fit failed: one line, not asyncio's internals (an error before it started: as is)
         raise brief_traceback(e, learn) if e is learn.fit_exception else e
 
-
+# %% ../nbs/16_control.ipynb #e4b44661
 _SENT_WITH = 2.0  # seconds: cells sent this soon after the fit's cell were sent with it (Run All, a few Shift+Enters)
 
 
@@ -336,7 +336,7 @@ def _cells_waiting(kernel, cell):
             continue
     return waiting if running else []
 
-
+# %% ../nbs/16_control.ipynb #ed5da852
 _WAITING = (
     '<p style="margin:4px 0"><b>This cell waits for the fit that <code>await learn.fit_async(...)</code> runs in '
     'another cell</b>: it runs when that fit ends (interrupting the kernel ends the fit). {shown} To keep the kernel '
