@@ -188,7 +188,7 @@ def _summary_table(rows):
     box = f'<div style="max-height:{_BOX_PX}px;overflow-y:auto">{_table_html(rows, sticky=True)}</div>'
     return f'<div>{box}{more}</div>'
 
-
+# %% ../nbs/17_dashboard.ipynb #11b22e6b
 _BAR_LINE = 'display:flex;align-items:center;height:20px;font-size:12px;white-space:nowrap;overflow:hidden'
 
 
@@ -215,7 +215,7 @@ def _bar_html(desc, bar):
         f'{meter}<span>{html.escape(text)}</span></div>'
     )
 
-
+# %% ../nbs/17_dashboard.ipynb #dc8db50b
 def _comm_handled_concurrently():
     "Is this comm message being handled while a cell awaits? ipykernel 7 then runs it beside the cell, with no status."
     frame = sys._getframe(1)
@@ -247,7 +247,7 @@ def _edited(widget_class, **kwargs):
 
     return Edited(**kwargs)
 
-
+# %% ../nbs/17_dashboard.ipynb #393236f1
 def _blank(box):
     """Empty what a controls widget's views show (its buttons, its labels): a widget view taken off the page keeps the
     DOM it last showed, so views are emptied before they leave."""
@@ -267,7 +267,7 @@ def _describe_request(step, action, value):
         return f'{value} at step {step}'
     return f'{action}d at step {step}'  # paused, resumed
 
-
+# %% ../nbs/17_dashboard.ipynb #9ab94ca1
 def _again_from_the_running_cell(send):
     """Call `send` (display updates) again as from the cell the kernel runs now, if that is another cell than this
     thread's: a front end that takes updates only from the cell it runs (nbclient, which stores notebooks) then applies
@@ -295,7 +295,7 @@ def _request_id():
     kernel = current_kernel()
     return _msg_id(kernel.get_parent()) if kernel is not None else None
 
-
+# %% ../nbs/17_dashboard.ipynb #40cc5f26
 _VIEWS = ('widgets', 'html')
 
 

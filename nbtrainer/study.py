@@ -681,7 +681,7 @@ def best(self):
         raise ValueError(f'study {self.name!r} has no complete trial yet')
     return ranked[0]
 
-
+# %% ../nbs/19_study.ipynb #f34c8321
 @patch_to(Study)
 def load(self, run=None, checkpoint='best'):
     "The Learner of `run` (default: the best trial) from `build`, loaded from its 'best' or 'latest' `checkpoint`."
@@ -715,7 +715,7 @@ def fork(self, run, step, cbs=()):
         warnings.filterwarnings('ignore', message='.*has state for callbacks this Learner lacks')
         return run.fork(step, make)
 
-
+# %% ../nbs/19_study.ipynb #fc730993
 def _cell(v):
     if v is None:
         return ''
@@ -749,7 +749,7 @@ def _sparkline(points, scale, span, width=90, height=18):
         f'<polyline points="{line}" fill="none" stroke="currentColor" stroke-width="1.2"/></svg>'
     )
 
-
+# %% ../nbs/19_study.ipynb #93863abd
 @patch_to(Study)
 def table(self, found=None):
     "The study's table: (column names, rows), a row per trial by number, each with its curve of the monitored value."
@@ -774,7 +774,7 @@ def table(self, found=None):
         )
     return ['trial', 'status', *self.searched, f'best {self.monitor}', 'at step', 'run', 'curve'], rows
 
-
+# %% ../nbs/19_study.ipynb #04fd8001
 @patch_to(Study)
 def _repr_html_(self):
     columns, rows = self.table()

@@ -141,7 +141,7 @@ def _create(con):
         con.execute(f'PRAGMA application_id = {APPLICATION_ID}')
         con.execute(f'PRAGMA user_version = {SCHEMA_VERSION}')
 
-
+# %% ../nbs/18_track.ipynb #dfacc2b2
 def _open_for_reading(path):
     """`path` opened to be read: read-only (`mode=ro`) when this process cannot write it (a read-only file, folder or
     filesystem). Where SQLite cannot keep the WAL's index beside the file (a read-only folder, a full disk), the file
@@ -166,7 +166,7 @@ def _open_for_reading(path):
         )
     return sqlite3.connect(f'{uri}?mode=ro&immutable=1', uri=True, isolation_level=None)
 
-
+# %% ../nbs/18_track.ipynb #868630d1
 def connect(db, create=False, readonly=False):
     """A connection to the experiment database `db` (made if missing, with `create`), checked to be one; autocommit.
     With `readonly` it only reads, and opens a file it cannot write read-only: a read-only folder or filesystem is read."""
@@ -395,7 +395,7 @@ def _checkpoint_folder(learn, db):
     folder, home = Path(folders[0]).resolve(), Path(db).resolve().parent
     return folder.relative_to(home).as_posix() if folder.is_relative_to(home) else str(folder)
 
-
+# %% ../nbs/18_track.ipynb #5d67591f
 def _upgrade_to_2(con):
     "Schema 1 -> 2: runs get a `parent` (a fork's {'run': id, 'step': step}) and their `checkpoints` folder; once."
     with transaction(con):
@@ -405,7 +405,7 @@ def _upgrade_to_2(con):
         con.execute('ALTER TABLE runs ADD COLUMN checkpoints TEXT')
         con.execute('PRAGMA user_version = 2')
 
-
+# %% ../nbs/18_track.ipynb #cd8f1f2d
 def _is_int(v):
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -428,7 +428,7 @@ def _tracker_state(state):
         and (best[1] is None or _is_int(best[1]))
     )
 
-
+# %% ../nbs/18_track.ipynb #b52ae2e5
 class Tracker(Callback):
     "Record each fit as a run in the SQLite database `db`: config, status, history, best `monitor` value and how to reproduce it."
 
@@ -639,7 +639,7 @@ def _duration(seconds):
         return f'{s // 60}m {s % 60:02d}s'
     return f'{s // 3600}h {s // 60 % 60:02d}m'
 
-
+# %% ../nbs/18_track.ipynb #1a739989
 def _tracked_run(state):
     "The registry run a checkpoint's Tracker was recording when it was written, or None."
     callbacks = state.get('callbacks') if isinstance(state, dict) else None
@@ -647,7 +647,7 @@ def _tracked_run(state):
         return None
     return next((cb['run'] for cb in callbacks.values() if _tracker_state(cb)), None)
 
-
+# %% ../nbs/18_track.ipynb #bd3c02ba
 def _maybe(check):
     return lambda v: v is None or check(v)
 
@@ -709,7 +709,7 @@ def _history_row(db, run, seq, text):
         raise ValueError(f'{db}: run {run} has a damaged history row (seq {seq}): {str(text)[:100]!r}')
     return row
 
-
+# %% ../nbs/18_track.ipynb #d02d1c80
 def _recorded_folder(db, run, text):
     """The checkpoint folder run `run` of `db` recorded: relative to the database's folder (it moves and copies with it), or
     absolute (a folder elsewhere, or an older file's record); refused if it could lead anywhere else."""
@@ -731,7 +731,7 @@ def _recorded_folder(db, run, text):
 def _kept_steps(folder):
     return sorted(int(m[1]) for p in folder.iterdir() if (m := re.fullmatch(r'eval-(\d+)\.pt', p.name)))
 
-
+# %% ../nbs/18_track.ipynb #5bff4cfe
 class Run:
     "One run of an experiment database, as `runs()` read it; `note` and `tag` edit it."
 
@@ -889,7 +889,7 @@ def _printable(text):
     "`text` safe to print in a terminal: control characters (escape sequences, bidi overrides) shown as escapes, `\\x1b`."
     return _CONTROL.sub(lambda m: m[0].encode('unicode_escape').decode(), text)
 
-
+# %% ../nbs/18_track.ipynb #6d41e4b7
 _STATUS_COLORS = {
     'running': '#1f77b4',
     'finished': '#2ca02c',
