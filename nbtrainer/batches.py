@@ -208,6 +208,6 @@ class BatchReader:
         except ValueError as found:
             raise found from error
 
-
+# %% ../nbs/00i_batches.ipynb #8ee47f68
 def _own_loss(out):
     return out.get('loss') if isinstance(out, Mapping) else getattr(out, 'loss', None)

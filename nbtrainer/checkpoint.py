@@ -652,7 +652,7 @@ def plain_checkpoint(folder, path):
     _atomic_save(state, path)
     return path
 
-# %% ../nbs/08_checkpoint.ipynb #8b6759d2
+# %% ../nbs/08_checkpoint.ipynb #397f8841
 def _count(name, value, least):
     "An int >= `least` (None allowed), checked when a Checkpointer is made rather than mid-fit."
     if value is None:
@@ -661,7 +661,7 @@ def _count(name, value, least):
         raise ValueError(f'{name} must be an int >= {least} or None, got {value!r}')
     return int(value)
 
-
+# %% ../nbs/08_checkpoint.ipynb #8b6759d2
 class Checkpointer(Callback):
     "Save during fit: every N steps and/or every epoch (keep the last K) and the best N by a monitored metric."
 

@@ -99,7 +99,7 @@ def check_labels(pred, y, ignore_index):
             f'outputs {n_classes} classes, so labels must be in 0..{n_classes - 1}: {fix}'
         )
 
-
+# %% ../nbs/00e_checks.ipynb #590e8340
 def check_class_targets(pred, y, loss):
     "Targets a loss of class indices (`cross_entropy`, `nll_loss`) cannot take: regression targets, one output, (N, 1) or float labels."
     if not (
@@ -137,7 +137,7 @@ def check_class_targets(pred, y, loss):
             'as integers: give it y.long() (in the dataset, or in a collate_fn)'
         )
 
-
+# %% ../nbs/00e_checks.ipynb #8e7c906e
 def check_regression_shapes(pred, y, loss=None):
     "Predictions and float targets that a loss would broadcast into an every-with-every comparison, or cannot pair."
     if not (
@@ -178,7 +178,7 @@ def _shape_mismatch(pred, y, loss):
         )
     return said + "Give the targets the predictions' shape"
 
-
+# %% ../nbs/00e_checks.ipynb #a43f7cb8
 def _unfit_metric(m, pred, target, why):
     task, fits = describe_task(pred, target)
     whole = (
@@ -209,7 +209,7 @@ def check_metrics(metrics, pred, target, update):
         if family is not None and not soft and (fits := describe_task(pred, target)[1]) and family not in fits:
             raise ValueError(_unfit_metric(m, pred, target, f'{family} is not a metric of this kind of task'))
 
-
+# %% ../nbs/00e_checks.ipynb #50b05a8e
 def check_loss(loss):
     "The loss is a scalar tensor."
     if not isinstance(loss, torch.Tensor) or loss.ndim != 0:

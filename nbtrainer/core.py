@@ -92,7 +92,7 @@ def _hook(name, why):
 
 _OWNERS = {'display': 'dashboard', 'preemption': 'preemption', 'fork_points': 'fork', 'resume': 'checkpoint'}
 
-# %% ../nbs/00_core.ipynb #26eb173c
+# %% ../nbs/00_core.ipynb #b32f2037
 # the event pairs, each an EventScope: (name, its cancel exception, the method that ends it, closes on errors too)
 _SCOPES = (
     ('fit', CancelFitException, '_fit_ended', True),
@@ -116,7 +116,7 @@ def _default_callbacks(progress, dashboard, display, preemption, skip_nonfinite,
         defaults.append(_hook('fork_points', 'Learner(fork_points=N)')(fork_points))
     return defaults
 
-
+# %% ../nbs/00_core.ipynb #26eb173c
 class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its names are the parts'
     "Train `model` on `train_dl` with `loss_func` and an optimizer from `opt_func`; callbacks see every step."
 

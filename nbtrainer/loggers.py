@@ -279,7 +279,7 @@ class TensorBoardLogger(Callback):
         self._purge_steps = dict(state['purge_steps'])
         self._logged = state['logged']  # batches of the restored Recorder already written
 
-
+# %% ../nbs/06_loggers.ipynb #ace6c02d
 def _metrics(row):
     "The losses and metrics of a history row: its numbers, less the counters, lr and time."
     return {k: v for k, v in row.items() if k not in ('epoch', 'step', 'lr', 'time') and isinstance(v, (int, float))}

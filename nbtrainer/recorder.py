@@ -233,7 +233,7 @@ def smooth(values, beta, state=(0.0, 0.0), curve=True):
             out.append(average / weight)
     return out, (average, weight)
 
-# %% ../nbs/00d_recorder.ipynb #14db10cf
+# %% ../nbs/00d_recorder.ipynb #3a7ac316
 def _number(value):
     "A history value that JSON does not know: a one-element tensor or numpy number, as its number."
     if hasattr(value, 'item') and getattr(value, 'ndim', 0) == 0:
@@ -243,7 +243,7 @@ def _number(value):
         'rows hold numbers, strings and lists of them'
     )
 
-
+# %% ../nbs/00d_recorder.ipynb #14db10cf
 class Recorder(Callback):
     "Keeps the loss of every training batch and one history row per evaluation, with no sync per step."
 
