@@ -99,9 +99,11 @@ def test_stored_with_the_language_jupyter_adds(path):
 
 # The rhythm of fastai's notebooks (issue #33): every exported function and class has its `show_doc`; no run of
 # markdown over 250 words before the code it leads to; at least 70% of the example cells (not hidden, not exported,
-# not a show_doc) show an output. Every notebook passes all three; an internal helper is exported with `#| exporti`
-# (out of `__all__`), so only the API needs its show_doc.
-MOST_WORDS, LEAST_SHOWN = 250, 0.7
+# not a show_doc) show an output; an export cell over 120 lines holds one function or class (a long class is one
+# unit: the Learner is read top to bottom in one cell), its helpers in cells of their own, beside the prose that
+# explains them. Every notebook passes all four; an internal helper is exported with `#| exporti` (out of
+# `__all__`), so only the API needs its show_doc.
+MOST_WORDS, LEAST_SHOWN, LONG_CELL = 250, 0.7, 120
 
 
 def words(text):
@@ -134,6 +136,23 @@ def exported_api(path):
     return [name for name in listed if name in defined]
 
 
+def definitions(cell):
+    "The names of the functions and classes a code cell defines at its top level."
+    code = '\n'.join(line for line in cell.source.splitlines() if not line.lstrip().startswith(('#|', '%', '!')))
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    return [node.name for node in ast.parse(code).body if isinstance(node, kinds)]
+
+
+def long_mixed_cells(cells):
+    "The export cells of over `LONG_CELL` lines that define more than one function or class: {first name: lines}."
+    exports = [c for c in cells if c.cell_type == 'code' and directives(c) & {'export', 'exporti'}]
+    return {
+        definitions(c)[0]: len(c.source.splitlines())
+        for c in exports
+        if len(c.source.splitlines()) > LONG_CELL and len(definitions(c)) > 1
+    }
+
+
 def rhythm_problems(path):
     "{check: what fails it} for the notebook at `path`."
     cells, problems = read(path).cells, {}
@@ -159,6 +178,8 @@ def rhythm_problems(path):
     shown = sum(bool(c.outputs) for c in examples)
     if examples and shown < LEAST_SHOWN * len(examples):
         problems['outputs'] = f'{shown} of {len(examples)}'
+    if long_mixed_cells(cells):
+        problems['split'] = long_mixed_cells(cells)
     return problems
 
 
@@ -168,7 +189,8 @@ def test_rhythm(path):
     assert not problems, (
         f"{path.relative_to(ROOT)} breaks the notebooks' rhythm: {problems} (show_doc: a `show_doc(name)` cell after "
         f'the export, or `#| exporti` for a helper no user calls; words: a run of markdown over {MOST_WORDS} words '
-        f'before code; outputs: under {LEAST_SHOWN:.0%} of the example cells show an output)'
+        f'before code; outputs: under {LEAST_SHOWN:.0%} of the example cells show an output; split: an export cell '
+        f'over {LONG_CELL} lines defining several functions or classes)'
     )
 
 
@@ -178,3 +200,6 @@ def test_rhythm_checks_can_fail():
     assert words(cell.source) == MOST_WORDS + 1 and words("don't stop-words") == 2
     assert show_doc_only(nbformat.v4.new_code_cell('show_doc(Learner)\nshow_doc(Learner.fit)'))
     assert exported_api(ROOT / 'nbs' / '00_core.ipynb')[:1] == ['patch_to']
+    helper = 'def helper():\n' + '    pass\n' * LONG_CELL
+    mixed, unit = (nbformat.v4.new_code_cell(f'#| export\n{code}') for code in (helper + 'class Big: ...', helper))
+    assert long_mixed_cells([mixed, unit]) == {'helper': LONG_CELL + 3}  # a long class or function alone is one unit
