@@ -578,6 +578,7 @@ def _worker(rank_, world, port, backend, timeout, threads, out, result, payload)
     fn, args, kwargs = payload if isinstance(payload, tuple) else _loads(payload)
     try:
         init_distributed(backend, timeout)
+        barrier()  # every rank has connected before any runs `fn`: one that fails at once cannot cut a setup short
         value = fn(*args, **kwargs)
         if rank_ == 0:
             try:
@@ -680,7 +681,7 @@ def _supervise(procs, outs, result_r, timeout):
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
             _drain(streams, decoders, tails)
-            raise RuntimeError(_failure_report(procs, failed[0], tails, timeout))
+            raise RuntimeError(_failure_report(procs, _cause(failed, tails), tails, timeout))
         if all(c == 0 for c in codes) and not ready:
             if not got:  # the result may still be in the pipe
                 if result_r.poll(0.5):
@@ -698,6 +699,14 @@ def _drain(streams, decoders, tails):
                 tails[streams[fd]] = (tails[streams[fd]] + decoders[streams[fd]].decode(data))[-4000:]
             else:
                 del streams[fd]
+
+
+_PEER_GONE = re.compile(r'(closed|reset) by peer|remote worker crash', re.IGNORECASE)  # gloo's words for a lost peer
+
+
+def _cause(failed, tails):
+    "Of the (rank, exit code)s seen failed in one look, the first whose output does not say a peer vanished."
+    return next((f for f in failed if not _PEER_GONE.search(tails[f[0]])), failed[0])
 
 
 def _failure_report(procs, first, tails, timeout):
