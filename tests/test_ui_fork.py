@@ -78,8 +78,13 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
             control(dash, 'Pause').click()
             paused_at = int(wait_for_status(page, dash, r'paused at step (\d+)').group(1))
             forks.first.wait_for(timeout=30_000)  # offered while paused: the kept evaluations among the rows shown
-            shown = [int(rows.nth(i).locator('td').nth(1).inner_text()) for i in range(rows.count())]
-            offered = [int(forks.nth(i).inner_text()) for i in range(forks.count())]
+            deadline = time.time() + 30
+            while True:  # the table's view may show the newest row a moment after the fork buttons: both settle
+                shown = [int(rows.nth(i).locator('td').nth(1).inner_text()) for i in range(rows.count())]
+                offered = [int(forks.nth(i).inner_text()) for i in range(forks.count())]
+                if set(offered) <= set(shown) or time.time() > deadline:
+                    break
+                page.wait_for_timeout(100)
             assert offered and set(offered) <= set(shown) and len(offered) <= 4, (offered, shown)  # fork_points=4
             field = dash.locator('.nbtrainer-controls input').first
             field.fill('0.005')
