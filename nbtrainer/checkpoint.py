@@ -9,7 +9,8 @@ __all__ = ['FORMAT', 'ROW_WIDTH', 'ROW_BYTES', 'CONFIG_PARTS', 'STATE_FILE', 'pl
            'read_checkpoint', 'plain_checkpoint', 'Checkpointer']
 
 # %% ../nbs/08_checkpoint.ipynb #51cc03d5
-import fcntl, hashlib, math, numbers, os, shutil, socket, threading, warnings, weakref, zlib
+import fcntl, hashlib, math, numbers, os, shutil, socket, stat, threading, warnings, weakref, zlib
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,13 @@ from .data import data_fingerprint, examples_digest, plain_model
 from .recorder import Recorder, check_monitor, monitored_value
 from nbtrainer.runfiles import (
     CHECKPOINT_NAME,
+    BadFileError,
+    atomic_write,
     bare_name,
+    file_kind,
+    named_errors,
+    open_file,
+    sync_folder,
     map_rows,
     read_rows,
     read_shard_metadata,
@@ -67,23 +74,11 @@ def _callback_keys(learn):
 
 
 def _atomic_save(obj, path):
+    "Write `obj` to `path` whole or not at all (`atomic_write`: a new temporary file, synced, renamed over it)."
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f'.{path.name}.tmp')
-    try:
-        with open(tmp, 'wb') as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a failed write leaves nothing behind (a kill does: Checkpointer removes those)
-        raise
-    os.replace(tmp, path)  # atomic on POSIX and Windows
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
+    with atomic_write(path) as f:  # a kill leaves a `.<name>.*.tmp`, which the Checkpointer removes
+        torch.save(obj, f)
 
 # %% ../nbs/08_checkpoint.ipynb #f1cb3616
 def _scalars(obj):
@@ -199,11 +194,11 @@ def read_checkpoint(path, map_location='cpu'):
     checksums checked, nothing unpickled outside an allow list; one clear error for a missing, truncated, corrupt,
     crafted or foreign one."""
     path = Path(path)
-    if path.is_dir():
+    if file_kind(path) == 'folder':
         return _read_shards(path)  # a sharded checkpoint: tensors are read by `_load_tensors`
     state = read_torch_file(path, map_location)
     if not isinstance(state, dict) or 'model' not in state:
-        raise ValueError(f'{path} is not an nbtrainer checkpoint: it has no "model" key')
+        raise BadFileError(f'{path} is not an nbtrainer checkpoint: it has no "model" key')
     return state
 
 # %% ../nbs/08_checkpoint.ipynb #804cf4a8
@@ -218,6 +213,18 @@ def _key(file):
     return os.path.abspath(file)
 
 
+def _rows_in(file, writing=False):
+    """Whole rows in the side file `file`: 0 if it is missing; None if it is not a regular file (a link, a FIFO) or, to
+    write it, one with another hard link: its rows are not trusted, and a save puts a new file in its place."""
+    try:
+        st = os.lstat(file)
+    except FileNotFoundError:
+        return 0
+    if not stat.S_ISREG(st.st_mode) or (writing and st.st_nlink > 1):
+        return None
+    return st.st_size // ROW_BYTES
+
+
 def _agreed_rows(recorder, file, have, n):
     "How many rows the side file and the Recorder share: the file's, or those this process last wrote or loaded."
     for rows in (min(have, n), _side_crcs.get(_key(file), (0,))[0]):
@@ -227,14 +234,16 @@ def _agreed_rows(recorder, file, have, n):
             return rows  # the last row both hold agrees: the rows before it are this run's
     return 0
 
-
+# %% ../nbs/08_checkpoint.ipynb #ed20895a
 def _append_batch_rows(recorder, file):
     """Bring the append-only side file up to the Recorder's rows; returns what a checkpoint records of them. Rows the
     Recorder no longer holds (a future a resume abandoned, another run's) are cut from a copy put in the file's place:
     a process that mapped the file keeps reading what it mapped."""
     n = recorder.batch_count()  # restored rows a damaged side file gave are dropped first
-    have = file.stat().st_size // ROW_BYTES if file.exists() else 0
-    keep = _agreed_rows(recorder, file, have, n)
+    have = _rows_in(file, writing=True)
+    if have is None:
+        warnings.warn(f'{file} is a {file_kind(file)}, not a side file nbtrainer wrote: a new one replaces it')
+    keep = _agreed_rows(recorder, file, have, n) if have else 0
     source = file if keep else _loaded_rows(recorder, file, n)  # a new file: the loaded side file's rows, copied
     if source != file:
         keep, known = _loaded_from[recorder][1:]
@@ -242,31 +251,37 @@ def _append_batch_rows(recorder, file):
         known = _side_crcs.get(_key(file))
     crc = known[1] if known is not None and known[0] == keep else zlib.crc32(_read_rows(file, 0, keep)) if keep else 0
     new = recorder.batch_rows(keep, n)
-    target = file if keep == have and source == file else file.with_name(f'.{file.name}.tmp')
-    if target != file and keep:
-        shutil.copyfile(source, target)
-    with open(target, 'r+b' if target.exists() else 'wb') as f:
-        f.truncate(keep * ROW_BYTES)
-        f.seek(0, os.SEEK_END)
-        new.tofile(f)
-        f.flush()
-        os.fsync(f.fileno())
-    if target != file:
-        os.replace(target, file)
+    if keep == have and source == file:  # the usual save: the new rows appended in place
+        with named_errors(file), open_file(file, 'ab') as f:
+            f.truncate(keep * ROW_BYTES)
+            new.tofile(f)
+            f.flush()
+            os.fsync(f.fileno())
+    else:  # a copy of the rows kept, put in the file's place: a process that mapped the file keeps what it mapped
+        with atomic_write(file) as f:
+            if keep:
+                with open_file(source, 'rb') as kept:
+                    _copy_bytes(kept, f, keep * ROW_BYTES)
+            new.tofile(f)
     crc = zlib.crc32(np.ascontiguousarray(new), crc)
     _side_crcs[_key(file)] = (n, crc)
     return {'file': file.name, 'rows': n, 'crc32': crc, 'last': recorder.batch_rows(n - 1, n)[0].tolist() if n else []}
 
 
+def _copy_bytes(source, target, size):
+    "Copy the first `size` bytes of the open file `source` to `target`, a megabyte at a time."
+    while size > 0 and (chunk := source.read(min(size, 1 << 20))):
+        target.write(chunk)
+        size -= len(chunk)
+
+# %% ../nbs/08_checkpoint.ipynb #e9910b94
 _loaded_from = weakref.WeakKeyDictionary()  # Recorder -> (side file, rows, (rows, CRC-32)) a load mapped its rows from
 
 
 def _loaded_rows(recorder, file, n):
     "The side file a load mapped the Recorder's first rows from, if they are still its rows; else `file`."
     source, count, _ = _loaded_from.get(recorder, (None, 0, None))
-    if source is None or source == file or not 0 < count <= n or not source.is_file():
-        return file
-    if source.stat().st_size < count * ROW_BYTES:
+    if source is None or source == file or not 0 < count <= n or (_rows_in(source) or 0) < count:
         return file
     same = np.array_equal(_read_rows(source, count - 1, 1), recorder.batch_rows(count - 1, count))
     return source if same else file
@@ -286,7 +301,7 @@ def _batch_rows(state, path):
     )  # beside the checkpoint: the folder may have been copied or moved
     count, step = rows['rows'], state.get('progress', {}).get('step', state.get('step'))
     if not (isinstance(count, int) and count >= 0 and isinstance(rows.get('last', []), list)):
-        raise ValueError(
+        raise BadFileError(
             f'{path} is not a checkpoint nbtrainer wrote, or was altered: its per-batch rows are {count!r}'
         )
 
@@ -299,8 +314,8 @@ def _batch_rows(state, path):
         )
         return False
 
-    have = file.stat().st_size // ROW_BYTES if file.exists() else 0
-    if have < count or (count and _read_rows(file, count - 1, 1)[0].tolist() != rows['last']):
+    have = _rows_in(file)  # None: a link or a special file, whose rows are not read
+    if have is None or have < count or (count and _read_rows(file, count - 1, 1)[0].tolist() != rows['last']):
         damaged()
         return np.zeros((0, ROW_WIDTH)), None
     if not count or 'crc32' not in rows:
@@ -357,15 +372,24 @@ def training_state(learn):
         'callbacks': {k: v for k, v in callbacks.items() if v},
     }
 
-# %% ../nbs/08_checkpoint.ipynb #59997963
+# %% ../nbs/08_checkpoint.ipynb #65c04f20
 def _check_model(model, state, path):
     expected = plain_state_dict(model.state_dict())
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise BadFileError(
+            f'{path} is not a checkpoint nbtrainer wrote, or was altered: its model is not tensors by name'
+        )
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
     shapes = [
-        f'{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}'
+        f'{k}: checkpoint {tuple(state[k].shape)} {state[k].dtype} vs model {tuple(v.shape)} {v.dtype}'
         for k, v in expected.items()
-        if k in state and hasattr(state[k], 'shape') and state[k].shape != v.shape
+        if k in state
+        and (
+            state[k].shape != v.shape
+            or state[k].is_complex() != v.is_complex()
+            or (state[k].dtype == torch.bool) != (v.dtype == torch.bool)
+        )
     ]
     problems = (
         ([f'missing keys {missing[:5]}'] if missing else [])
@@ -393,6 +417,7 @@ def _check_optimizer(opt, state, path):
             'learn.load(path, model_only=True)'
         )
     groups, ours = state['optimizer']['param_groups'], opt.param_groups
+    _check_optimizer_state(opt, state['optimizer'], path, sharded=bool(state.get('sharded')))
     if [len(g['params']) for g in groups] != [len(g['params']) for g in ours]:
         raise ValueError(
             f'checkpoint {path} has {len(groups)} parameter groups of {[len(g["params"]) for g in groups]} '
@@ -400,7 +425,39 @@ def _check_optimizer(opt, state, path):
             'the same way, or load the weights alone with learn.load(path, model_only=True)'
         )
 
+# %% ../nbs/08_checkpoint.ipynb #dba46e84
+_LIKE_PARAM = ('exp_avg', 'exp_avg_sq', 'max_exp_avg_sq', 'momentum_buffer', 'square_avg', 'acc_delta', 'sum', 'ax')
 
+
+def _check_optimizer_state(opt, saved, path, sharded=False):
+    """An optimizer state as `Optimizer.state_dict` writes it: groups of parameter positions, and per position a dict of
+    plain values; the buffers torch's optimizers keep per parameter (`_LIKE_PARAM`) of its shape. Else one error."""
+    bad = lambda what: BadFileError(f'{path} is not a checkpoint nbtrainer wrote, or was altered: its optimizer {what}')
+    groups = saved['param_groups']
+    if not (
+        isinstance(groups, list) and all(isinstance(g, dict) and isinstance(g.get('params'), list) for g in groups)
+    ):
+        raise bad('groups are not lists of parameters')
+    positions = [i for g in groups for i in g['params']]
+    if positions != list(range(len(positions))):
+        raise bad(f'groups number their parameters {str(positions)[:80]}, not 0, 1, 2, ...')
+    if sharded:
+        return  # the per-parameter state is in the shards, which DCP checks against the model
+    params = [p for g in opt.param_groups for p in g['params']]
+    if not isinstance(saved['state'], dict):
+        raise bad('state is not a dict')
+    for i, per in saved['state'].items():
+        if type(i) is not int or not 0 <= i < len(params) or not isinstance(per, dict):
+            raise bad(f'state names parameter {str(i)[:40]}, of {len(params)}')
+        for k, v in per.items():
+            if not (v is None or type(v) in (bool, int, float) or isinstance(v, torch.Tensor)):
+                raise bad(f'state of parameter {i} holds a {type(v).__name__} under {str(k)[:40]!r}')
+            if k in _LIKE_PARAM and isinstance(v, torch.Tensor) and v.shape != params[i].shape:
+                raise bad(
+                    f'{k} of parameter {i} has the shape {tuple(v.shape)}, the parameter {tuple(params[i].shape)}'
+                )
+
+# %% ../nbs/08_checkpoint.ipynb #12b167a3
 def _check_data(learn, state, path):
     "Resuming on other data would continue on another split: refuse, showing both fingerprints."
     saved, ours = state.get('data'), data_fingerprint(learn.train_dl)
@@ -457,61 +514,96 @@ def load(
         )
         model_only = weights_only
     state = read_checkpoint(path, learn.device)
-    _check_model(learn.model, state['model'], path)
     if model_only:
+        with _malformed(path):
+            _check_model(learn.model, state['model'], path)
         _load_tensors(learn, state, path, optimizer=False)
         return state
     if 'optimizer' not in state:
         raise ValueError(f'{path} holds weights only; use learn.load(path, model_only=True)')
     return load_training_state(learn, state, path, check_data, allow_changes, strict, lr_given)
 
-# %% ../nbs/08_checkpoint.ipynb #03283fc8
+# %% ../nbs/08_checkpoint.ipynb #d6afd65a
+_MALFORMED = (TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError)
+
+
+@contextmanager
+def _malformed(path):
+    "A state not shaped as nbtrainer writes it raises, in the block, one `BadFileError` naming the file."
+    try:
+        yield
+    except _MALFORMED as e:
+        raise BadFileError(
+            f'{path} is not a checkpoint nbtrainer wrote, or was altered: {type(e).__name__}: {str(e)[:200]}'
+        ) from None
+
+
 def _check_states(learn, state, path, keys):
-    "Each callback's check of the state it is about to be given: a crafted or damaged one is refused before any change."
-    for key, cb_state in state['callbacks'].items():
-        cb = keys.get(key)
-        if cb is None:
-            continue
+    "Every part's and callback's `check_state` of the state it is about to be given, before any is changed."
+    owners = [(f'its {name} state', part, state[name]) for name, part in learn.parts().items() if name in state]
+    owners += [(f'the state of its callback {k}', keys[k], s) for k, s in state['callbacks'].items() if k in keys]
+    for what, owner, given in owners:
         try:
-            cb.check_state(cb_state)
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
-            raise ValueError(f'{path}: the state of its callback {key} cannot be loaded: {e}') from None
+            owner.check_state(given)
+        except (ValueError, *_MALFORMED) as e:
+            raise BadFileError(f'{path}: {what} cannot be loaded: {str(e)[:300]}') from None
+
+
+def _check_groups(learn, state, path):
+    "The checkpoint's parameter groups are this Learner's (another splitter is another configuration: a ValueError)."
+    saved = state.get('groups', {}).get('groups', len(learn.param_groups.groups))
+    if saved != len(learn.param_groups.groups):
+        raise ValueError(
+            f'checkpoint {path} froze {saved} parameter groups, this Learner has {len(learn.param_groups.groups)}: '
+            'split the model the same way (the same splitter=)'
+        )
+
+
+def _check_training_state(learn, state, path, check_data=True, allow_changes=None, strict=False, lr_given=False):
+    "Everything `load_training_state` will apply, checked (see above); the state, upgraded to this format, and its rows."
+    with _malformed(path):
+        _check_model(learn.model, state['model'], path)
+        state = _upgrade(state)
+        keys = _callback_keys(learn)
+        missing_cbs = [k for k in state['callbacks'] if k not in keys]
+        if missing_cbs:
+            warnings.warn(
+                f'checkpoint {path} has state for callbacks this Learner lacks, which is not loaded: '
+                f'{missing_cbs} (add them to the Learner to restore their state too)',
+                stacklevel=3,
+            )
+        _check_optimizer(learn.opt, state, path)
+        if not check_data:
+            allow_changes = True if allow_changes is True else {*(allow_changes or ()), 'data'}
+        elif 'config' not in state:
+            _check_data(learn, state, path)
+        else:
+            saved, ours = state['config']['data'], run_config(learn)['data']
+            fingerprint = {k: v for k, v in saved.items() if k != 'examples'}
+            if (
+                allow_changes is not True
+                and 'data' not in (allow_changes or ())
+                and fingerprint != {k: v for k, v in ours.items() if k != 'examples'}
+            ):
+                _check_data(learn, {'data': fingerprint}, path)
+        _check_run_config(learn, state, path, allow_changes, lr_given, strict)
+        _check_groups(learn, state, path)
+        lrs = state['lr'] if isinstance(state['lr'], list) else [state['lr']]
+        if not all(type(v) in (int, float) and math.isfinite(v) for v in lrs):
+            raise BadFileError(f'{path} is not a checkpoint nbtrainer wrote, or was altered: its lr is {state["lr"]!r}')
+        by_rank = state.get('pass_by_rank')
+        if by_rank is not None and len(by_rank) == learn.strategy.world:
+            state['pass'] = by_rank[learn.strategy.rank]
+        _check_states(learn, state, path, keys)
+        rows, verify = _batch_rows(state, path)
+    return state, keys, rows, verify
 
 
 def load_training_state(learn, state, path, check_data=True, allow_changes=None, strict=False, lr_given=False):
-    "Put back a state from `training_state` or a checkpoint file (`path` names it in messages), checked before any change."
-    _check_model(learn.model, state['model'], path)
-    state = _upgrade(state)
-    keys = _callback_keys(learn)
-    missing_cbs = [k for k in state['callbacks'] if k not in keys]
-    if missing_cbs:
-        warnings.warn(
-            f'checkpoint {path} has state for callbacks this Learner lacks, which is not loaded: '
-            f'{missing_cbs} (add them to the Learner to restore their state too)',
-            stacklevel=2,
-        )
-    _check_optimizer(learn.opt, state, path)
-    if not check_data:
-        allow_changes = True if allow_changes is True else {*(allow_changes or ()), 'data'}
-    elif 'config' not in state:
-        _check_data(learn, state, path)
-    else:
-        saved, ours = state['config']['data'], run_config(learn)['data']
-        fingerprint = {k: v for k, v in saved.items() if k != 'examples'}
-        if (
-            allow_changes is not True
-            and 'data' not in (allow_changes or ())
-            and fingerprint != {k: v for k, v in ours.items() if k != 'examples'}
-        ):
-            _check_data(learn, {'data': fingerprint}, path)
-    _check_run_config(learn, state, path, allow_changes, lr_given, strict)
-    _check_states(learn, state, path, keys)
-    rows, verify = _batch_rows(state, path)  # everything that can fail is checked before anything changes
+    "Put back a state from `training_state` or a checkpoint file (`path` names it in messages), all checked before any change."
+    state, keys, rows, verify = _check_training_state(learn, state, path, check_data, allow_changes, strict, lr_given)
     _load_tensors(learn, state, path)
     learn.lr = state['lr']
-    by_rank = state.get('pass_by_rank')
-    if by_rank is not None and len(by_rank) == learn.strategy.world:
-        state['pass'] = by_rank[learn.strategy.rank]
     for name, part in learn.parts().items():
         if name in state:
             part.load_state_dict(state[name])
@@ -529,13 +621,13 @@ def load_training_state(learn, state, path, check_data=True, allow_changes=None,
         learn.recorder.clear_since_row()  # under DDP the saved sums are every rank's: rank 0 holds them
     return state
 
-# %% ../nbs/08_checkpoint.ipynb #578fda1f
+# %% ../nbs/08_checkpoint.ipynb #d2e7360d
 STATE_FILE = 'state.pt'  # in a sharded checkpoint's folder: everything but the tensors of the model and the optimizer
 
 
 def _remove(path):
-    "Delete a checkpoint: a file, or the folder of a sharded one."
-    if path.is_dir():
+    "Delete a checkpoint: a file, or the folder of a sharded one; a link is removed itself, never what it points to."
+    if file_kind(path) == 'folder':
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
@@ -547,6 +639,10 @@ def _save_shards(learn, state, path, batches_file):
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     tmp = path.with_name(f'.{path.name}.tmp')
+    if learn.main_process:  # a folder of its own: whatever is in its place (a link, a killed save's) goes first
+        _remove(tmp)
+        tmp.mkdir()
+    learn.strategy.barrier()
     model_state, opt_state = get_state_dict(learn.model, learn.opt)
     dcp.save({'model': model_state, 'optimizer': opt_state}, checkpoint_id=tmp)  # returns when every shard is fsynced
     if learn.main_process:
@@ -559,11 +655,7 @@ def _save_shards(learn, state, path, batches_file):
         _atomic_save(state, tmp / STATE_FILE)
         _remove(path)  # the same step saved again
         os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # make the rename itself durable
-        finally:
-            os.close(dir_fd)
+        sync_folder(path.parent)  # make the rename itself durable
     learn.strategy.barrier()  # no rank goes on (to read it, or to a next save) before it is in place
     return path
 
@@ -625,9 +717,9 @@ def _load_tensors(learn, state, path, optimizer=True):
         if optimizer:
             set_optimizer_state_dict(learn.model, learn.opt, _by_name(learn, state['optimizer']), options=whole)
         return
-    load_plain_state_dict(learn.model, state['model'])
-    if optimizer:
+    if optimizer:  # first: torch checks the optimizer's state as it loads it, so a refusal leaves the model as it was
         learn.opt.load_state_dict(state['optimizer'])
+    load_plain_state_dict(learn.model, state['model'])
 
 # %% ../nbs/08_checkpoint.ipynb #67cb56f2
 def plain_checkpoint(folder, path):
@@ -661,7 +753,7 @@ def _count(name, value, least):
         raise ValueError(f'{name} must be an int >= {least} or None, got {value!r}')
     return int(value)
 
-# %% ../nbs/08_checkpoint.ipynb #8b6759d2
+# %% ../nbs/08_checkpoint.ipynb #4ed1aaa9
 class Checkpointer(Callback):
     "Save during fit: every N steps and/or every epoch (keep the last K) and the best N by a monitored metric."
 
@@ -725,8 +817,8 @@ class Checkpointer(Callback):
         self._folder = self.folder  # fixed for the fit, whatever it changes
         writable_folder(self._folder, type(self).__name__)  # now, not at the first save after an epoch of training
         self._take_lock()
-        for leftover in self._folder.glob('.*.pt.tmp'):
-            _remove(leftover)  # half-written by a killed run
+        for leftover in self._folder.glob('.*.tmp'):
+            _remove(leftover)  # half-written by a killed run (a link is removed itself)
 
     def before_fit(self):
         if self.keep_best:
@@ -736,7 +828,7 @@ class Checkpointer(Callback):
         "One writer per folder: a second process writing the same run would delete or overwrite its files."
         if self._lock is not None:
             return
-        f = open(self._folder / self.LOCK, 'a+')
+        f = open_file(self._folder / self.LOCK, 'a+')  # a link or FIFO in its place is refused by name
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -819,9 +911,9 @@ class Checkpointer(Callback):
 
     def latest(self):
         "The newest intact checkpoint this callback kept or, in a fresh process, in its folder; None if there is none."
-        files = [self._path(n) for n in self.last + [b[1] for b in self.kept_best] if self._path(n).exists()]
+        files = [self._path(n) for n in self.last + [b[1] for b in self.kept_best] if file_kind(self._path(n))]
         if files:
-            return str(max(files, key=os.path.getmtime))
+            return str(max(files, key=_mtime))
         found = _newest_readable(self.folder, warn=False)
         return str(found) if found is not None else None
 
@@ -851,9 +943,7 @@ class Checkpointer(Callback):
             except ValueError as e:
                 raise ValueError(f'{newest}: {e}') from None
             kept = found
-        intact = lambda name: (
-            self._path(name).exists() and _readable(self._path(name))
-        )  # a deleted or corrupt file is not kept
+        intact = lambda name: _readable(self._path(name))  # a deleted, corrupt or linked file is not kept
         return {
             'last': [str(self._path(n)) for n in kept['last'] if intact(n)],
             'best': [(s, str(self._path(n)), r) for s, n, r in kept['best'] if intact(n)],
@@ -886,9 +976,9 @@ class Checkpointer(Callback):
     def at_step(self, step):
         "The intact checkpoints this callback kept that were taken after the evaluation at `step`, newest kind first."
         names = [f'eval-{step}.pt', f'best-{step}.pt']
-        return [self._path(n) for n in names if self._path(n).exists() and _readable(self._path(n))]
+        return [self._path(n) for n in names if _readable(self._path(n))]
 
-# %% ../nbs/08_checkpoint.ipynb #2fe7cabc
+# %% ../nbs/08_checkpoint.ipynb #a3cfe86f
 def _checkpointer(learn):
     found = [cb for cb in learn.cbs if getattr(cb, 'keeps_checkpoints', False)]
     if not found:
@@ -899,20 +989,34 @@ def _checkpointer(learn):
 @patch_to(Learner)
 @fills('resume')
 def resume(learn, checkpoint=True, allow_changes=None, lr_given=False):
-    "The Learner's `resume` hook (`fit(resume=...)`): load its `Checkpointer`'s newest intact checkpoint, or a file"
+    """The Learner's `resume` hook (`fit(resume=...)`): load its `Checkpointer`'s newest intact checkpoint, or a file.
+    A newest one that is unreadable, malformed or not a file at all is skipped with a warning naming it, for the next."""
     learn.strategy.barrier()  # every checkpoint rank 0 was writing is on disk
-    if checkpoint is True:
-        path = _newest_readable(_checkpointer(learn).folder) if learn.main_process else None
+    if checkpoint is not True:
+        return learn.load(checkpoint, allow_changes=allow_changes, strict=True, lr_given=lr_given)
+    skipped = set()
+    while True:
+        path = _newest_readable(_checkpointer(learn).folder, skip=skipped) if learn.main_process else None
         path = learn.strategy.broadcast_object(path)  # rank 0's choice: every rank resumes from the same file
         if path is None:
-            return None  # nothing saved yet: start afresh
-    else:
-        path = checkpoint
-    return learn.load(path, allow_changes=allow_changes, strict=True, lr_given=lr_given)
+            return None  # nothing (intact) saved yet: start afresh
+        try:
+            return learn.load(path, allow_changes=allow_changes, strict=True, lr_given=lr_given)
+        except BadFileError as e:  # all or nothing: the Learner is as it was, so the next one can be tried
+            warnings.warn(f'resume=True skipped {path}: {e}', stacklevel=4)
+            skipped.add(path)
+
+
+def _mtime(path):
+    "When `path` itself (not what a link points to) was last written; -inf if it is gone."
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return -math.inf
 
 
 def _newest_first(folder):
-    return sorted(Path(folder).glob('*.pt'), key=os.path.getmtime, reverse=True) if Path(folder).is_dir() else []
+    return sorted(Path(folder).glob('*.pt'), key=_mtime, reverse=True) if file_kind(folder) == 'folder' else []
 
 
 def _readable(path):
@@ -923,9 +1027,11 @@ def _readable(path):
         return False
 
 
-def _newest_readable(folder, warn=True):
+def _newest_readable(folder, warn=True, skip=()):
     "The newest checkpoint in `folder` that reads whole and passes its checksums; each one skipped is named in a warning."
     for path in _newest_first(folder):
+        if path in skip:
+            continue
         try:
             read_checkpoint(path)
             return path

@@ -18,6 +18,7 @@ from .callback import Callback, Order
 from .checks import writable_folder
 from .core import Learner, patch_to
 from .data import rebatch
+from .runfiles import BadFileError, atomic_write, printable, read_torch_file
 from nbtrainer.metrics import (
     ConfusionMatrix,
     as_float,
@@ -64,7 +65,7 @@ class Report:
 
     def __str__(self):
         cols = self.columns
-        cells = [[_cell(row.get(c)) for c in cols] for row in self.rows]
+        cols, cells = [printable(c) for c in cols], [[printable(_cell(row.get(c))) for c in cols] for row in self.rows]
         widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
 
         def line(values):  # first column (names) left-aligned, numbers right-aligned
@@ -320,23 +321,34 @@ class Evaluation:
 
     # ---- saving ----
     def save(self, path):
-        "Write the tensors, metrics and class names to `path` (torch.save; the dataset is not saved)."
-        torch.save(
-            {
-                'preds': self.preds,
-                'targets': self.targets,
-                'losses': self.losses,
-                'metrics': self.metrics,
-                'class_names': self.class_names,
-                'threshold': self.threshold,
-            },
-            path,
-        )
+        "Write the tensors, metrics and class names to `path` (torch.save, atomically; the dataset is not saved)."
+        with atomic_write(path) as f:
+            torch.save(
+                {
+                    'preds': self.preds,
+                    'targets': self.targets,
+                    'losses': self.losses,
+                    'metrics': self.metrics,
+                    'class_names': self.class_names,
+                    'threshold': self.threshold,
+                },
+                f,
+            )
 
     @classmethod
     def load(cls, path, dataset=None):
-        "An `Evaluation` saved with `save` (loads with weights_only=True: no code runs)."
-        return cls(**torch.load(path, weights_only=True), dataset=dataset)
+        "An `Evaluation` saved with `save`, read by the one reader of run files (`read_torch_file`: no code runs) and checked."
+        saved = read_torch_file(path)
+        fields = {'preds', 'targets', 'losses', 'metrics', 'class_names', 'threshold'}
+        if not (
+            isinstance(saved, dict)
+            and set(saved) == fields
+            and all(isinstance(saved[k], torch.Tensor) for k in ('preds', 'targets', 'losses'))
+            and (saved['class_names'] is None or all(isinstance(c, str) for c in saved['class_names']))
+            and type(saved['threshold']) in (int, float)
+        ):
+            raise BadFileError(f'{path} is not an evaluation nbtrainer saved: it holds {str(sorted(saved))[:100]}')
+        return cls(**saved, dataset=dataset)
 
 # %% ../nbs/09_evaluate.ipynb #66e72ab5
 def _as_image(x):
@@ -440,10 +452,18 @@ class SavePredictions(Callback):
     def save(self, path):
         "Write the records (tensors, loadable with weights_only=True)."
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        torch.save({'indices': self.indices, 'records': self.records}, path)
+        with atomic_write(path) as f:
+            torch.save({'indices': self.indices, 'records': self.records}, f)
 
     def state_dict(self):
         return {'records': list(self.records)}
+
+    def check_state(self, state):
+        keys = {'step', 'epoch', 'preds', 'targets'}
+        if not all(
+            isinstance(r, dict) and set(r) == keys and isinstance(r['preds'], torch.Tensor) for r in state['records']
+        ):
+            raise ValueError('its SavePredictions records are not (step, epoch, preds, targets)')
 
     def load_state_dict(self, state):
         self.records = list(state['records'])

@@ -133,7 +133,7 @@ def _tensors(model):
             out.append(t)
     return out
 
-
+# %% ../nbs/12b_finetune.ipynb #678aeb88
 class EMA(Callback):
     "An exponential moving average of the weights, updated on the device after every `every` optimizer steps."
 
@@ -232,6 +232,20 @@ class EMA(Callback):
 
     def state_dict(self):
         return {} if self.averaged is None else {'averaged': self.averaged, 'updates': self.updates}
+
+    def check_state(self, state):
+        "The averaged weights of a checkpoint: one tensor per live one, of its shape; a count of updates."
+        if not state:
+            return
+        live, saved = self._live(), state['averaged']
+        if not (
+            isinstance(saved, list)
+            and len(saved) == len(live)
+            and all(isinstance(s, torch.Tensor) and s.shape == t.shape for s, t in zip(saved, live))
+            and type(state['updates']) is int
+            and state['updates'] >= 0
+        ):
+            raise ValueError(f'its {type(self).__name__} weights are not one tensor per weight of this model')
 
     def load_state_dict(self, state):
         if not state:  # no average yet (e.g. a probe such as lr_find put the Learner back): none again
@@ -340,6 +354,15 @@ class ReduceLROnPlateau(Callback):
             'cooldown_left': self.cooldown_left,
             'reductions': list(self.reductions),
         }
+
+    def check_state(self, state):
+        counts, best = (state['bad'], state['cooldown_left']), state['best']
+        if not (
+            all(type(c) is int and c >= 0 for c in counts)
+            and (best is None or type(best) in (int, float))
+            and all(isinstance(r, (list, tuple)) and len(r) == 3 for r in state['reductions'])
+        ):
+            raise ValueError(f'its ReduceLROnPlateau state {str(state)[:120]} is not counts and values')
 
     def load_state_dict(self, state):
         self.best, self.bad, self.cooldown_left = state['best'], state['bad'], state['cooldown_left']

@@ -14,7 +14,16 @@ from pathlib import Path
 from .callback import Callback, Order
 from .checks import writable_folder
 from .recorder import Recorder
-from .runfiles import RUN_NAME, bare_name
+from nbtrainer.runfiles import (
+    RUN_NAME,
+    atomic_write,
+    bare_name,
+    csv_cell,
+    file_kind,
+    named_errors,
+    open_file,
+    real_folder,
+)
 from .metrics import metric_name
 
 # %% ../nbs/06_loggers.ipynb #09571361
@@ -51,8 +60,13 @@ class CSVLogger(Callback):
         evaluated = ['valid_loss', *(metric_name(m) for m in learn.metrics)]
         self.columns = [*Recorder.columns, *evaluated, *(learn.eval_prefix + c for c in evaluated if learn.eval_prefix)]
         writable_folder(self.path.parent, 'CSVLogger')
-        with open(self.path, 'w', newline='') as f:
-            csv.writer(f).writerow(self.columns)
+        kind = file_kind(self.path)
+        if kind not in (None, 'regular file'):
+            warnings.warn(
+                f'{self.path} is a {kind}, not a log file: a new log file replaces it (what it points to is left alone)'
+            )
+        with atomic_write(self.path, 'w', newline='') as f:  # a new file: a link or FIFO in its place is replaced
+            csv.writer(f).writerow([csv_cell(c) for c in self.columns])  # a metric's name could read as a formula
         self._rows = 0
 
     def after_batch(self):
@@ -96,7 +110,7 @@ class CSVLogger(Callback):
             open_row = None
         rows += [row(j) for j in range(i, end)]
         if rows:
-            with open(self.path, 'a', newline='') as f:  # csv writes floats with str(), which is repr: exact
+            with named_errors(self.path), open_file(self.path, 'a', newline='') as f:  # floats by repr: exact
                 csv.DictWriter(f, self.columns, extrasaction='ignore').writerows(rows)
         self._rows, self._logged, self._evals = self._rows + len(rows), max(end, self._logged), []
 
@@ -121,10 +135,14 @@ class CSVLogger(Callback):
 
     def _truncate(self, n_rows):
         "Cut the file back to its header and `n_rows` data rows, dropping rows written after a checkpoint."
-        if not self.path.exists():
-            warnings.warn(f'{self.path} is missing: the resumed fit starts a new log file')
+        kind = file_kind(self.path)
+        if kind != 'regular file':
+            warnings.warn(
+                f'{self.path} is {"missing" if kind is None else "a " + kind + ", not a log file"}: the resumed fit '
+                'starts a new log file'
+            )
             return None, 0
-        with open(self.path, 'rb+') as f:
+        with named_errors(self.path), open_file(self.path, 'r+b') as f:
             header, kept = f.readline(), 0
             while kept < n_rows and f.readline():
                 kept += 1
@@ -182,6 +200,8 @@ class TensorBoardLogger(Callback):
         writable_folder(self.log_dir, 'TensorBoardLogger')
         if self.run_dir is None:
             self.run_dir = self._new_run_dir()
+        for folder in (self.run_dir, self.run_dir / 'train', self.run_dir / 'valid'):
+            real_folder(folder, 'TensorBoard run folder')  # a link there would make the writers write elsewhere
         if self._logged is None:  # a new logger, or one just restored: log from the next batch on
             learn.recorder.flush()
             self._logged = len(learn.recorder.batches['loss'])
@@ -265,10 +285,17 @@ class TensorBoardLogger(Callback):
         }
 
     def check_state(self, state):
-        if state:
-            bare_name(
-                Path(state.get('run') or state['run_dir']).name, RUN_NAME, 'the checkpoint', 'TensorBoardLogger.run'
-            )
+        if not state:
+            return
+        bare_name(Path(state.get('run') or state['run_dir']).name, RUN_NAME, 'the checkpoint', 'TensorBoardLogger.run')
+        purge = state['purge_steps']
+        if not (
+            type(state['logged']) is int
+            and state['logged'] >= 0
+            and set(purge) <= {'train', 'valid'}
+            and all(type(v) is int and v >= 0 for v in purge.values())
+        ):
+            raise ValueError(f'its TensorBoardLogger counts {str(state)[:120]} are not counts of steps')
 
     def load_state_dict(self, state):
         if not state:

@@ -9,7 +9,7 @@ __all__ = ['STRATEGIES', 'FitProgress', 'TrainPass', 'Accumulation', 'Strategy',
            'FitState', 'ParamGroups', 'build_optimizer', 'PartNames']
 
 # %% ../nbs/00f_parts.ipynb #668bc251
-import contextlib, copy, math, numbers, os, threading, uuid, warnings
+import contextlib, copy, math, numbers, os, re, threading, uuid, warnings
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -19,9 +19,17 @@ from .checks import hyperparameter
 from .data import batch_size, batch_sizes, loader_length, skip_batches, subset_loader
 from .layers import GhostBatchNorm
 from .metrics import Mean, computed, metric_name
-from .rng import rng_state, set_rng_state
+from .rng import check_rng_state, rng_state, set_rng_state
 
-# %% ../nbs/00f_parts.ipynb #1c0aee42
+# %% ../nbs/00f_parts.ipynb #a36a3e28
+RUN_ID = re.compile(r'[0-9a-f]{12,32}')  # uuid4().hex, or its first 12 digits (older checkpoints)
+
+
+def is_count(v):
+    "An int >= 0 that a float64 holds exactly: what a step, an epoch or a position read from a file must be."
+    return type(v) is int and 0 <= v < 2**53
+
+# %% ../nbs/00f_parts.ipynb #ffbd5b9d
 class FitProgress:
     "Where training is: epoch and optimizer step over the Learner's life, where the fit started, and the fit's plan."
 
@@ -120,6 +128,27 @@ class FitProgress:
             'call': self.call,
         }
 
+    def check_state(self, state):
+        "Raise if `state` is not a progress this part wrote: counts, a run id, a parent, a plan."
+        counts = [state['epoch'], state['step'], state['last_eval_step'], *state['fit_start']]
+        if len(state['fit_start']) != 2 or not all(map(is_count, counts)):
+            raise ValueError(f'its progress counts {str(counts)[:100]} are not epochs and steps')
+        run, parent, call = state.get('run', self.run_id), state.get('parent'), state.get('call')
+        if not (isinstance(run, str) and RUN_ID.fullmatch(run)):
+            raise ValueError(f'its run id {str(run)[:100]!r} is not one nbtrainer makes')
+        if parent is not None and not (
+            isinstance(parent, dict)
+            and set(parent) == {'run', 'step'}
+            and RUN_ID.fullmatch(str(parent['run']))
+            and is_count(parent['step'])
+        ):
+            raise ValueError(f'its parent {str(parent)[:100]} is not a run and a step')
+        if call is not None and not (
+            isinstance(call, dict)
+            and all(isinstance(k, str) and (v is None or is_count(v) or isinstance(v, float)) for k, v in call.items())
+        ):
+            raise ValueError(f'its fit plan {str(call)[:100]} is not the arguments of a fit')
+
     def load_state_dict(self, state):
         self.epoch, self.step, self.last_eval_step = state['epoch'], state['step'], state['last_eval_step']
         self.fit_start, self.epoch_done = tuple(state['fit_start']), False
@@ -136,7 +165,7 @@ def check_plan(epochs=None, steps=None, steps_per_epoch=None, eval_every=None):
         if v is not None and not (isinstance(v, int) and v > 0):
             raise ValueError(f'{name} must be an int > 0, got {v!r}')
 
-# %% ../nbs/00f_parts.ipynb #45715eec
+# %% ../nbs/00f_parts.ipynb #9e1f40b0
 class TrainPass:
     "The pass over the training loader under way: its batches, how many are done, the random state that fixed them."
 
@@ -174,6 +203,18 @@ class TrainPass:
             return {'batches_done': 0, 'rng': rng}
         return {'batches_done': self.batches_done, 'epoch_start': self.start_state, 'rng': rng}
 
+    def check_state(self, state):
+        "Raise if `state` is not a position in this loader: a resume would skip batches past its end for ever."
+        done, n = state['batches_done'], loader_length(self.dl)
+        if not is_count(done) or (n is not None and done > n):
+            raise ValueError(
+                f'its pass position is batch {str(done)[:40]} of a loader of {n} batches (refused: a resume would '
+                'skip batches that are not there)'
+            )
+        for key in ('rng', 'epoch_start'):
+            if key in state:
+                check_rng_state(state[key], self.dl)
+
     def load_state_dict(self, state):
         self.end()
         if 'epoch_start' in state:
@@ -181,7 +222,7 @@ class TrainPass:
         else:
             set_rng_state(state['rng'], self.dl)
 
-# %% ../nbs/00f_parts.ipynb #104c248a
+# %% ../nbs/00f_parts.ipynb #736d3222
 class Accumulation:
     "The accumulation window: `n` micro-batches a step, this batch's place in it, the examples the step averages over."
 
@@ -254,10 +295,13 @@ class Accumulation:
     def state_dict(self):
         return {'n': self.n}  # checkpoints are taken between windows
 
+    def check_state(self, state):
+        pass  # nothing of it is put back: checkpoints are taken between windows
+
     def load_state_dict(self, state):
         self.drop()
 
-# %% ../nbs/00f_parts.ipynb #698dd187
+# %% ../nbs/00f_parts.ipynb #6dcac6ee
 @runtime_checkable
 class Strategy(Protocol):
     "How the work is shared between processes: what the loop asks at fixed points of a fit, and the collectives."
@@ -325,10 +369,13 @@ class Strategy(Protocol):
     def state_dict(self):
         "What a checkpoint keeps."
 
+    def check_state(self, state):
+        "Raise if `load_state_dict(state)` would fail (before a load changes anything)."
+
     def load_state_dict(self, state):
         "Put back what `state_dict` gave."
 
-# %% ../nbs/00f_parts.ipynb #7e5f5b4e
+# %% ../nbs/00f_parts.ipynb #fec10dbf
 STRATEGIES = {}  # name -> strategy class: `Learner(strategy=name)`; each declares its own name
 
 
@@ -403,6 +450,9 @@ class SingleProcess(Strategy):
 
     def state_dict(self):
         return {'world': self.world}
+
+    def check_state(self, state):
+        pass  # nothing of it is put back
 
     def load_state_dict(self, state):
         pass
@@ -621,7 +671,7 @@ def split_params(model, splitter=None):
         )
     return groups
 
-# %% ../nbs/00f_parts.ipynb #2193c2d9
+# %% ../nbs/00f_parts.ipynb #1c711271
 class ParamGroups:
     "The model's parameters in groups (body to head), and how many of the first groups are frozen."
 
@@ -685,12 +735,18 @@ class ParamGroups:
     def state_dict(self):
         return {'frozen': self.frozen, 'train_norm': self.train_norm, 'groups': len(self.groups)}
 
-    def load_state_dict(self, state):
+    def check_state(self, state):
+        "Raise if `state` froze other groups than this Learner's, or is not a count of frozen groups."
         if state['groups'] != len(self.groups):
             raise ValueError(
                 f'the checkpoint froze {state["groups"]} parameter groups, this Learner has '
                 f'{len(self.groups)}: split the model the same way (the same splitter=)'
             )
+        if not (is_count(state['frozen']) and state['frozen'] < len(self.groups) and type(state['train_norm']) is bool):
+            raise ValueError(f'its frozen groups {state["frozen"]!r} are not a count below {len(self.groups)}')
+
+    def load_state_dict(self, state):
+        self.check_state(state)
         self.frozen, self.train_norm = state['frozen'], state['train_norm']
         self.apply()
 

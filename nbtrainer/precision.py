@@ -68,6 +68,19 @@ class MixedPrecision:
     def state_dict(self):
         return {} if self.scaler is None else {'scaler': self.scaler.state_dict(), 'skipped': self.skipped.clone()}
 
+    def check_state(self, state):
+        "Raise if `state` is not a scaler's state as `state_dict` writes it (checked before a load changes anything)."
+        scaler, skipped = state.get('scaler'), state.get('skipped')
+        numbers = ('scale', 'growth_factor', 'backoff_factor')
+        if scaler and not (
+            set(scaler) == {*numbers, 'growth_interval', '_growth_tracker'}
+            and all(type(scaler[k]) is float and 0 < scaler[k] < float('inf') for k in numbers)
+            and all(type(scaler[k]) is int and scaler[k] >= 0 for k in ('growth_interval', '_growth_tracker'))
+        ):
+            raise ValueError(f'its gradient scaler state {str(scaler)[:120]} is not one GradScaler writes')
+        if skipped is not None and not (torch.is_tensor(skipped) and skipped.numel() == 1):
+            raise ValueError(f'its count of skipped steps is {str(skipped)[:60]}, not a one-element tensor')
+
     def load_state_dict(self, state):
         "Put back a scaler's state; a checkpoint from another precision leaves this one as it is (the weights are fp32 either way)."
         if self.scaler is not None and state.get('scaler'):

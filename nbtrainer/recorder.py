@@ -17,6 +17,7 @@ import torch
 from . import clock
 from .callback import Callback, CancelBatchException, NonFiniteLossError, Order
 from .metrics import computed, metric_name, state_leaves
+from .runfiles import csv_cell, named_errors, open_file
 
 # %% ../nbs/00d_recorder.ipynb #bab41fcf
 class Column(Sequence):
@@ -243,7 +244,36 @@ def _number(value):
         'rows hold numbers, strings and lists of them'
     )
 
-# %% ../nbs/00d_recorder.ipynb #14db10cf
+# %% ../nbs/00d_recorder.ipynb #0c84112e
+_VALUE = (type(None), bool, int, float, str)
+
+
+def _history_rows(history):
+    "The rows of a saved history, checked to be plain rows (see above); a ValueError naming what is wrong otherwise."
+    try:
+        rows = json.loads(history) if isinstance(history, str) else history
+    except RecursionError:
+        raise ValueError('its history nests deeper than any history does') from None
+    if type(rows) is not list:
+        raise ValueError(f'its history is a {type(rows).__name__}, not a list of rows')
+    for row in rows:
+        if type(row) is not dict or not all(type(k) is str and _plain_value(v) for k, v in row.items()):
+            raise ValueError(f'its history has a row that is not plain values: {str(row)[:100]}')
+    return [dict(r) for r in rows]
+
+
+def _plain_value(v, depth=0):
+    "A history value: a number, text or None, or lists of them as deep as a confusion matrix."
+    return type(v) in _VALUE or (type(v) is list and depth < 3 and all(_plain_value(x, depth + 1) for x in v))
+
+
+def _same_kind(now, saved):
+    "Can `saved`, read from a file, take the place of a metric's state `now`: a tensor of its shape, or a number?"
+    if torch.is_tensor(now):
+        return torch.is_tensor(saved) and saved.shape == now.shape
+    return type(saved) in (int, float) and type(now) in (int, float)
+
+# %% ../nbs/00d_recorder.ipynb #dcc83bde
 class Recorder(Callback):
     "Keeps the loss of every training batch and one history row per evaluation, with no sync per step."
 
@@ -399,14 +429,27 @@ class Recorder(Callback):
         return {'time': self._elapsed(), 'grad_norm': None if learn.grad_norm is None else float(learn.grad_norm)}
 
     def check_state(self, state):
-        if not (
-            isinstance(state['n_batches'], int) and state['n_batches'] >= 0 and isinstance(state['since_row'], list)
-        ):
-            raise ValueError(f"its Recorder state counts {state['n_batches']!r} batches")
+        "Raise if `state` is not one a Recorder wrote: its history rows, counts, smoothing and metric states (see below)."
+        self._loaded_history = (state['history'], _history_rows(state['history']))  # parsed once, used by the load
+        counts = [state['n_batches'], *state['since_row'][1:]]
+        if not (len(state['since_row']) == 2 and all(type(c) is int and 0 <= c < 2**53 for c in counts)):
+            raise ValueError(f"its Recorder state counts {str(counts)[:80]} batches")
+        numbers = [*state.get('smooth', ()), state.get('beta', 0.0), state['since_row'][0]]
+        numbers += [state[k] for k in ('time', 'grad_norm') if state.get(k) is not None]
+        if not all(type(v) in (int, float) for v in numbers) or len(state.get('smooth', (0, 0))) != 2:
+            raise ValueError(f'its smoothing and times {str(numbers)[:80]} are not numbers')
+        saved = state.get('train_metrics', ())
+        if len(saved) > len(self.train_metrics):
+            raise ValueError(f'it holds {len(saved)} training metrics, this Learner {len(self.train_metrics)}')
+        for m, values in zip(self.train_metrics, saved):
+            leaves = state_leaves(m, saved=True)
+            if len(values) != len(leaves) or not all(_same_kind(getattr(o, n), v) for (o, n), v in zip(leaves, values)):
+                raise ValueError(f'its state of the training metric {metric_name(m)!r} is not one it holds')
 
     def load_state_dict(self, state):
-        history = state['history']  # JSON text, or (earlier checkpoints) the rows themselves
-        self.history = json.loads(history) if isinstance(history, str) else [dict(r) for r in history]
+        text, rows = getattr(self, '_loaded_history', (None, None))
+        self.history = rows if text is state['history'] else _history_rows(state['history'])
+        self._loaded_history = (None, None)
         for column in self.batches.values():
             column.truncate(state['n_batches'])  # the rows are restored with `restore_batches`
         self._queue = []
@@ -460,14 +503,14 @@ class Recorder(Callback):
                 column.restored = column.restored[:0]
 
     def to_csv(self, path):
-        "Write `history` as a CSV file, one row per evaluation."
+        "Write `history` as a CSV file, one row per evaluation (a text cell that reads as a formula is written as text)."
         import csv
 
         columns = list(dict.fromkeys(k for row in self.history for k in row))
-        with open(path, 'w', newline='') as f:
-            writer = csv.DictWriter(f, fieldnames=columns)
-            writer.writeheader()
-            writer.writerows(self.history)
+        with named_errors(path), open_file(path, 'w', newline='') as f:  # never through a link
+            writer = csv.writer(f)
+            writer.writerow([csv_cell(c) for c in columns])  # a metric's name could read as a formula
+            writer.writerows([csv_cell(row.get(c, '')) for c in columns] for row in self.history)
 
 # %% ../nbs/00d_recorder.ipynb #c656dff2
 def monitored_value(row, monitor):

@@ -21,6 +21,7 @@ from .clock import now
 from .core import Learner, patch_to
 from .distributed import broadcast_object, init_distributed, is_distributed, rank
 from .recorder import monitored_value
+from .runfiles import open_file, printable, real_folder
 from .track import Runs, Tracker, connect, runs
 
 # %% ../nbs/19_study.ipynb #2690065f
@@ -333,14 +334,14 @@ class TrialReport(Callback):
 @contextlib.contextmanager
 def _locked(path):
     "Hold an exclusive lock on the file `path` (made if need be) for the block: one process at a time."
-    with open(path, 'a+') as f:
+    with open_file(path, 'a+') as f:  # a link or FIFO in its place is refused by name
         fcntl.flock(f, fcntl.LOCK_EX)
         yield
 
 
 def _try_claim(path):
     "An open file holding an exclusive lock on `path`; None if another process holds it (freed when that one dies)."
-    f = open(path, 'a+')
+    f = open_file(path, 'a+')
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -405,7 +406,7 @@ class Study:
         self._study, self._stopping, self.listeners = None, threading.Event(), []
 
     def _space_from_registry(self):
-        found = runs(self.db, study=self.name)
+        found = runs(self.db, study=self.name, limit=None)
         trials = [r for r in found if isinstance(r.config.get('space'), dict) and _trial_number(r.config.get('trial'))]
         trial = trials[0] if trials else None
         if trial is None:
@@ -442,7 +443,9 @@ class Study:
         if self.storage == 'journal':
             from optuna.storages.journal import JournalFileBackend
 
-            return optuna.storages.JournalStorage(JournalFileBackend(str(self.folder / 'optuna.journal')))
+            journal = self.folder / 'optuna.journal'
+            open_file(journal, 'ab').close()  # Optuna opens it by name: a link or FIFO there is refused first
+            return optuna.storages.JournalStorage(JournalFileBackend(str(journal)))
         if self.storage == 'sqlite':  # the registry's own file: Optuna's tables beside `runs` and `evals`
             connect(self.db, create=True).close()  # the registry first: it refuses a file another program made
             return optuna.storages.RDBStorage(
@@ -455,7 +458,7 @@ class Study:
         if self._study is not None:
             return self._study
         optuna = import_optuna()
-        self.folder.mkdir(parents=True, exist_ok=True)
+        real_folder(self.folder, "study's folder").mkdir(parents=True, exist_ok=True)
         with quiet_optuna(), _locked(self.folder / '.lock'):
             study = optuna.create_study(
                 study_name=self.name,
@@ -511,13 +514,15 @@ class Study:
 
     def trial_folder(self, number):
         "The checkpoint folder of trial `number`."
-        return self.folder / f'trial-{number}'
+        return real_folder(self.folder / f'trial-{number}', f'checkpoint folder of trial {number}')
 
     def runs(self):
         "The trials' registry runs, by trial number."
         if not self.db.exists():
             return Runs()  # no trial has started yet
-        found = [r for r in runs(self.db, study=self.name) if _trial_number(r.config.get('trial'))]  # it names a folder
+        found = [
+            r for r in runs(self.db, study=self.name, limit=None) if _trial_number(r.config.get('trial'))
+        ]  # it names a folder
         return Runs(sorted(found, key=lambda r: r.config['trial']))
 
     def params(self, run):
@@ -535,13 +540,35 @@ class Study:
             for t in trials:
                 claim = _try_claim(self.folder / f'trial-{t.number}.claim') if t.state == TrialState.RUNNING else None
                 if claim is not None:
-                    return optuna.trial.Trial(study, t._trial_id), t.number, {**self.fixed, **t.params}, True, claim
+                    try:
+                        params = self._stored_params(t)
+                    except ValueError:
+                        claim.close()
+                        raise
+                    return optuna.trial.Trial(study, t._trial_id), t.number, params, True, claim
             counted = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING) for t in trials)
             if counted >= self.trials:
                 return None
             trial = study.ask({n: p.distribution() for n, p in self.searched.items()})
             claim = _try_claim(self.folder / f'trial-{trial.number}.claim')  # a new number: nobody holds it
             return trial, trial.number, {**self.fixed, **trial.params}, False, claim
+
+    def _stored_params(self, trial):
+        """The parameters a trial of the storage holds, with the fixed ones: each a parameter of the space, inside its
+        range. A received study folder's journal may hold anything, and `build` must never see what the space excludes."""
+        for name, value in trial.params.items():
+            p = self.searched.get(name)
+            try:
+                inside = p is not None and p.distribution()._contains(p.distribution().to_internal_repr(value))
+            except (TypeError, ValueError):
+                inside = False
+            if not inside:
+                raise ValueError(
+                    f'trial {trial.number} of study {self.name!r} holds {printable(name)}={printable(repr(value))[:80]}, '
+                    f'which {"is outside " + repr(p) if p is not None else "is not a parameter of its space"}: its '
+                    f'storage ({self.folder}) was altered; refused'
+                )
+        return {**self.fixed, **trial.params}
 
     def _run_trial(self, trial, number, params, resumed, claim):
         "Seed, build and fit one trial (`trial` is None on a DDP trial's other ranks), then tell Optuna how it ended."

@@ -25,13 +25,14 @@ from .metrics import metric_name
 from .plotting import show_figures_inline
 from .recorder import check_monitor, monitored_value
 from .rng import loader_generators
+from .runfiles import UnsafeFileError, file_kind, printable
 
 # %% ../nbs/18_track.ipynb #5953773b
 APPLICATION_ID = 0x6E627472  # 'nbtr' in SQLite's header: this file is an nbtrainer experiment database
 SCHEMA_VERSION = 2  # PRAGMA user_version: raised by any change to the tables below (2: runs.parent, checkpoints)
 BUSY_TIMEOUT = 60.0  # seconds a writer waits for another process's transaction
 
-_TABLES = (
+_TABLES = (  # schema 2, as a new file is made
     '''CREATE TABLE runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT, study TEXT, status TEXT NOT NULL, message TEXT,
     started REAL NOT NULL, ended REAL, heartbeat REAL NOT NULL, beat_every REAL NOT NULL,
@@ -43,6 +44,18 @@ _TABLES = (
     '''CREATE TABLE evals (run INTEGER NOT NULL, seq INTEGER NOT NULL, step INTEGER, row TEXT NOT NULL,
     PRIMARY KEY (run, seq)) WITHOUT ROWID''',
 )
+_TABLES_1 = (  # schema 1, as files made before schema 2 hold it (then upgraded in place)
+    '''CREATE TABLE runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, study TEXT, status TEXT NOT NULL, message TEXT,
+    started REAL NOT NULL, ended REAL, heartbeat REAL NOT NULL, beat_every REAL NOT NULL,
+    host TEXT, command TEXT, git_commit TEXT, git_dirty INTEGER, config TEXT NOT NULL,
+    monitor TEXT, mode TEXT, best_value REAL, best_step INTEGER, final TEXT,
+    notes TEXT NOT NULL DEFAULT '', tags TEXT NOT NULL DEFAULT '[]', resumes INTEGER NOT NULL DEFAULT 0)''',
+    *_TABLES[1:],
+)
+_UPGRADES = {
+    1: ('ALTER TABLE runs ADD COLUMN parent TEXT', 'ALTER TABLE runs ADD COLUMN checkpoints TEXT')
+}  # from -> 2
 
 # %% ../nbs/18_track.ipynb #c8e8c03e
 @contextmanager
@@ -142,15 +155,87 @@ def _create(con):
         con.execute(f'PRAGMA user_version = {SCHEMA_VERSION}')
 
 # %% ../nbs/18_track.ipynb #dfacc2b2
+_BESIDE = ('-journal', '-wal', '-shm')  # SQLite's files beside a database
+
+
+def _check_files(path, write=False):
+    "The registry `path` and SQLite's files beside it, checked before SQLite opens any (see above)."
+    for suffix in ('', *_BESIDE):
+        file = path.with_name(path.name + suffix)
+        try:
+            st = os.lstat(file)
+        except FileNotFoundError:
+            continue
+        kind = file_kind(file)
+        if kind != 'regular file':
+            raise UnsafeFileError(
+                f'{file} is a {kind}, not a regular file: SQLite would follow or block on it; nbtrainer refuses '
+                'to open the registry (remove it if the registry is yours)'
+            )
+        if st.st_nlink > 1 and (write or suffix == '-shm'):  # readers write the WAL's index too
+            raise UnsafeFileError(
+                f'{file} has other hard links: writing the registry would change a file elsewhere; give it a '
+                'name of its own (a copy)'
+            )
+        if suffix == '-journal' and st.st_size:
+            raise ValueError(
+                f'{path} has a rollback journal ({file.name}), which nbtrainer never leaves (its registries use WAL): '
+                'SQLite would replay it on open, and a crafted one deletes files outside the folder. Refused; if the '
+                f'registry is yours and SQLite left it, move {file.name} aside and open it again'
+            )
+
+# %% ../nbs/18_track.ipynb #868630d1
+OPTUNA_TABLES = {  # `Study(storage='sqlite')`: Optuna's RDB storage keeps these in the registry's file
+    'studies', 'version_info', 'study_directions', 'study_user_attributes', 'study_system_attributes', 'trials',
+    'trial_user_attributes', 'trial_system_attributes', 'trial_params', 'trial_values', 'trial_intermediate_values',
+    'trial_heartbeats', 'alembic_version',
+}  # fmt: skip
+
+
+def _folded(sql):
+    return ' '.join((sql or '').split())
+
+
+@functools.cache
+def _schemas(version=SCHEMA_VERSION):
+    "{(type, name): {SQL}} of every object a registry of schema `version` may hold: made then, or before and upgraded."
+    found = {}
+    for made_at, tables in ((1, _TABLES_1), (SCHEMA_VERSION, _TABLES)):
+        if made_at > version:
+            continue
+        with closing(sqlite3.connect(':memory:')) as con:
+            for statement in tables:
+                con.execute(statement)
+            for step in range(made_at, version):
+                for statement in _UPGRADES[step]:
+                    con.execute(statement)
+            for kind, name, sql in con.execute('SELECT type, name, sql FROM sqlite_master'):
+                found.setdefault((kind, name), set()).add(_folded(sql))
+    return found
+
+
+def _check_schema(con, path, version):
+    "Every object in the file is one `_schemas` lists, with its SQL, or a table or index of Optuna's: else one error."
+    allowed = _schemas(version)
+    for kind, name, table, sql in con.execute('SELECT type, name, tbl_name, sql FROM sqlite_master'):
+        if _folded(sql) in allowed.get((kind, name), ()):
+            continue
+        if kind in ('table', 'index') and table in OPTUNA_TABLES:
+            continue
+        raise ValueError(
+            f'{path} holds {"an" if kind[0] in "aeiou" else "a"} {kind} {printable(name)!r} that nbtrainer does '
+            f'not make{" (or not as nbtrainer makes it)" if (kind, name) in allowed else ""}: a trigger or view in a '
+            'received registry could change or hide your runs, so it is refused. Open it with sqlite3 to see what it '
+            'is, or give the Tracker another file'
+        )
+
+# %% ../nbs/18_track.ipynb #dd56597f
 def _open_for_reading(path):
-    """`path` opened to be read: read-only (`mode=ro`) when this process cannot write it (a read-only file, folder or
-    filesystem). Where SQLite cannot keep the WAL's index beside the file (a read-only folder, a full disk), the file
-    is read as it is (`immutable`), less any changes still in its WAL."""
+    """`path` opened read-only (`mode=ro`: nothing written, no journal replayed). Where SQLite cannot keep the WAL's
+    index beside the file (a read-only folder, a full disk), the file is read as it is (`immutable`), less any changes
+    still in its WAL."""
     uri = path.resolve().as_uri()
-    writable = _writable(path)  # then opened as writers open it, so that SQLite tidies its WAL files at the last close
-    con = sqlite3.connect(
-        path if writable else f'{uri}?mode=ro', uri=not writable, timeout=BUSY_TIMEOUT, isolation_level=None
-    )
+    con = sqlite3.connect(f'{uri}?mode=ro', uri=True, timeout=BUSY_TIMEOUT, isolation_level=None)
     try:
         con.execute('PRAGMA schema_version').fetchone()  # the first read opens the WAL's index
         return con
@@ -159,49 +244,67 @@ def _open_for_reading(path):
         if not _error_name(e).startswith(('SQLITE_CANTOPEN', 'SQLITE_READONLY', 'SQLITE_IOERR', 'SQLITE_FULL')):
             raise
     wal = path.with_name(path.name + '-wal')
-    if wal.is_file() and wal.stat().st_size:
+    if file_kind(wal) == 'regular file' and wal.stat().st_size:
         warnings.warn(
             f'{path} is read as its main file holds: the latest changes, still in {wal.name} '
             f'({wal.stat().st_size} bytes), cannot be read in a read-only folder or on a full disk'
         )
     return sqlite3.connect(f'{uri}?mode=ro&immutable=1', uri=True, isolation_level=None)
 
-# %% ../nbs/18_track.ipynb #868630d1
+# %% ../nbs/18_track.ipynb #906a20c7
+def _checked_header(con, path, create):
+    "The file's schema version, checked to be ours and one this nbtrainer reads (None: an empty file, to be made)."
+    if _header(con) == (0, 0) and not con.execute('SELECT count(*) FROM sqlite_master').fetchone()[0]:
+        if not create:
+            raise ValueError(f'{path} is an empty file, not an nbtrainer experiment database')
+        return None
+    app, version = _header(con)
+    if app != APPLICATION_ID:
+        raise ValueError(f'{path} is an SQLite database of another program, not an nbtrainer experiment database')
+    if version > SCHEMA_VERSION:
+        raise ValueError(
+            f'{path} has schema version {version}, newer than this nbtrainer reads ({SCHEMA_VERSION}): upgrade nbtrainer'
+        )
+    _check_schema(con, path, version)
+    return version
+
+# %% ../nbs/18_track.ipynb #96334b4a
 def connect(db, create=False, readonly=False):
     """A connection to the experiment database `db` (made if missing, with `create`), checked to be one; autocommit.
-    With `readonly` it only reads, and opens a file it cannot write read-only: a read-only folder or filesystem is read."""
+    With `readonly` it only reads (`mode=ro`). Either way its files and schema are checked before SQLite may write."""
     path = Path(db)
     if create and readonly:
         raise ValueError('connect(): create and readonly exclude each other')
-    if not create and not path.is_file():
+    if not create and file_kind(path) is None:
         raise FileNotFoundError(f'no experiment database at {path}')
     if create:
         path.parent.mkdir(parents=True, exist_ok=True)
+    _check_files(path, write=not readonly)
+    if file_kind(path) is not None:  # checked read-only first: SQLite opens it for writing only once it is known
+        with _clear_errors(path):
+            con = _open_for_reading(path)
+        try:
+            with _clear_errors(path):
+                con.execute('PRAGMA trusted_schema = OFF')
+                _checked_header(con, path, create)
+                if readonly:
+                    con.execute('PRAGMA query_only = ON')
+                    return con  # a reader writes nothing: a file of an older schema is read as it is
+        except BaseException:
+            con.close()
+            raise
+        con.close()
     with _clear_errors(path):  # transactions are explicit (`transaction`): autocommit
-        con = _open_for_reading(path) if readonly else sqlite3.connect(path, timeout=BUSY_TIMEOUT, isolation_level=None)
+        con = sqlite3.connect(path, timeout=BUSY_TIMEOUT, isolation_level=None)
     try:
         with _clear_errors(path):
-            if _header(con) == (0, 0) and not con.execute('SELECT count(*) FROM sqlite_master').fetchone()[0]:
-                if not create:
-                    raise ValueError(f'{path} is an empty file, not an nbtrainer experiment database')
+            con.execute('PRAGMA trusted_schema = OFF')
+            version = _checked_header(con, path, create)
+            if version is None:
                 _create(con)
-            app, version = _header(con)
-            if app != APPLICATION_ID:
-                raise ValueError(
-                    f'{path} is an SQLite database of another program, not an nbtrainer experiment database'
-                )
-            if version > SCHEMA_VERSION:
-                raise ValueError(
-                    f'{path} has schema version {version}, newer than this nbtrainer reads '
-                    f'({SCHEMA_VERSION}): upgrade nbtrainer'
-                )
-            if readonly:
-                return con  # a reader writes nothing: a schema-1 file is read as it is
-            if version == 1:
-                _upgrade_to_2(con)
-            con.execute(
-                'PRAGMA synchronous = NORMAL'
-            )  # in WAL mode: durable across a killed process, no fsync per commit
+            elif version < SCHEMA_VERSION:
+                _upgrade(con)
+            con.execute('PRAGMA synchronous = NORMAL')  # WAL: durable across a killed process, no fsync per commit
     except BaseException:
         con.close()
         raise
@@ -395,15 +498,14 @@ def _checkpoint_folder(learn, db):
     folder, home = Path(folders[0]).resolve(), Path(db).resolve().parent
     return folder.relative_to(home).as_posix() if folder.is_relative_to(home) else str(folder)
 
-# %% ../nbs/18_track.ipynb #5d67591f
-def _upgrade_to_2(con):
-    "Schema 1 -> 2: runs get a `parent` (a fork's {'run': id, 'step': step}) and their `checkpoints` folder; once."
+# %% ../nbs/18_track.ipynb #324a0391
+def _upgrade(con):
+    "Bring a file of an older schema to this one, step by step (`_UPGRADES`), in one transaction that does it once."
     with transaction(con):
-        if _header(con)[1] != 1:
-            return
-        con.execute('ALTER TABLE runs ADD COLUMN parent TEXT')
-        con.execute('ALTER TABLE runs ADD COLUMN checkpoints TEXT')
-        con.execute('PRAGMA user_version = 2')
+        for version in range(_header(con)[1], SCHEMA_VERSION):
+            for statement in _UPGRADES[version]:
+                con.execute(statement)
+        con.execute(f'PRAGMA user_version = {SCHEMA_VERSION}')
 
 # %% ../nbs/18_track.ipynb #cd8f1f2d
 def _is_int(v):
@@ -499,8 +601,16 @@ class Tracker(Callback):
         "Continue the run of a checkpoint: drop the rows written after it, mark the run running again (with its folder now)."
         run_id, rows = state['run'], state['rows']
         with transaction(self._con) as con:
-            if con.execute('SELECT 1 FROM runs WHERE id = ?', (run_id,)).fetchone() is None:
+            found = con.execute('SELECT study, config FROM runs WHERE id = ?', (run_id,)).fetchone()
+            if found is None:
                 warnings.warn(f'run {run_id} of the checkpoint is not in {self.db}: the resumed fit starts a new run')
+                return False
+            if not self._mine(found):
+                warnings.warn(
+                    f'run {run_id} of {self.db} belongs to another study or trial than this fit\'s (study '
+                    f'{printable(self.study)!r}, trial {self.config.get("trial")}): it is left as it is, and the '
+                    'resumed fit starts a new run'
+                )
                 return False
             con.execute('DELETE FROM evals WHERE run = ? AND seq >= ?', (run_id, rows))
             last = con.execute('SELECT row FROM evals WHERE run = ? ORDER BY seq DESC LIMIT 1', (run_id,)).fetchone()
@@ -520,6 +630,15 @@ class Tracker(Callback):
             )
         self.run_id, self._rows, self._best = run_id, rows, tuple(state['best'])
         return True
+
+    def _mine(self, row):
+        "Is the registry row (study, config) a run this Tracker may continue: of its study, and its trial if it has one?"
+        study, config = row
+        try:
+            trial = json.loads(config).get('trial') if 'trial' in self.config else None
+        except (TypeError, ValueError, AttributeError, RecursionError):
+            return False
+        return study == self.study and trial == self.config.get('trial')
 
     def _write(self, *statements):
         """Run `(sql, params)` statements in one transaction. If the database fails during the fit (a full disk, a damaged
@@ -605,11 +724,14 @@ class Tracker(Callback):
             return {}  # a run it stopped recording is not continued by a resume
         return {'run': self.run_id, 'rows': self._rows, 'best': list(self._best)}
 
+    def check_state(self, state):
+        if state and not _tracker_state(state):
+            raise ValueError(f'not a Tracker state (run, rows, best): {str(state)[:200]}')
+
     def load_state_dict(self, state):
         if not state:
             return
-        if not _tracker_state(state):
-            raise ValueError(f'not a Tracker state (run, rows, best): {str(state)[:200]}')
+        self.check_state(state)
         self._resume = dict(state)
 
     def after_fork(self):
@@ -709,7 +831,7 @@ def _history_row(db, run, seq, text):
         raise ValueError(f'{db}: run {run} has a damaged history row (seq {seq}): {str(text)[:100]!r}')
     return row
 
-# %% ../nbs/18_track.ipynb #d02d1c80
+# %% ../nbs/18_track.ipynb #a1b1bc3b
 def _recorded_folder(db, run, text):
     """The checkpoint folder run `run` of `db` recorded: relative to the database's folder (it moves and copies with it), or
     absolute (a folder elsewhere, or an older file's record); refused if it could lead anywhere else."""
@@ -725,7 +847,14 @@ def _recorded_folder(db, run, text):
     )
     if why:
         raise ValueError(f"{db}: run {run}'s 'checkpoints' field {why}: {text[:200]!r}; refused")
-    return Path(text) if os.path.isabs(text) else Path(db).resolve().parent / text
+    if os.path.isabs(text):
+        return Path(text)
+    home = Path(db).resolve().parent
+    if not (home / text).resolve().is_relative_to(home):  # a link on the way leads out of the registry's folder
+        raise ValueError(
+            f"{db}: run {run}'s checkpoint folder {text[:200]!r} is a link that leads out of {home}; refused"
+        )
+    return home / text
 
 
 def _kept_steps(folder):
@@ -866,30 +995,30 @@ class Run:
     def _repr_html_(self):
         return Runs([self])._repr_html_()
 
-# %% ../nbs/18_track.ipynb #a1b1bc3b
-def _read(db, where='', params=(), stale_after=None):
+# %% ../nbs/18_track.ipynb #6d41e4b7
+def _read(db, where='', params=(), stale_after=None, limit=None, offset=0):
+    "The runs `where` says, newest first: `limit` of them from the `offset`-th (None: all), and how many there are."
     with closing(connect(db, readonly=True)) as con, _clear_errors(db):
         con.row_factory = sqlite3.Row
-        rows = con.execute(f'SELECT * FROM runs {where} ORDER BY id DESC', params).fetchall()
+        page = '' if limit is None else f' LIMIT {int(limit)} OFFSET {int(offset)}'
+        rows = con.execute(f'SELECT * FROM runs {where} ORDER BY id DESC{page}', params).fetchall()
+        total = len(rows) if limit is None else con.execute(f'SELECT count(*) FROM runs {where}', params).fetchone()[0]
     now = wall()
-    return Runs(Run(db, r, now, stale_after) for r in rows)
+    return Runs((Run(db, r, now, stale_after) for r in rows), total=total, offset=offset)
 
 
-def runs(db='runs/experiments.db', study=None, stale_after=None):
-    "The runs in `db` (of `study`, if given), newest first. A running run with no heartbeat for `stale_after` s (default: 6 beats) reads as died."
+def runs(db='runs/experiments.db', study=None, stale_after=None, limit=1000, offset=0):
+    """The runs in `db` (of `study`, if given), newest first: the `limit` newest (None: all) from the `offset`-th. A
+    running run with no heartbeat for `stale_after` s (default: 6 beats) reads as died."""
     if stale_after is not None and not (_is_number(stale_after) and stale_after >= 0):
         raise ValueError(f'stale_after must be a number of seconds >= 0, got {stale_after!r}')
-    return _read(db, *(('WHERE study = ?', (study,)) if study is not None else ()), stale_after=stale_after)
+    for name, value in (('limit', limit), ('offset', offset)):
+        if not (value is None and name == 'limit') and not (_is_int(value) and value >= 0):
+            raise ValueError(f'{name} must be an int >= 0{" or None (all)" if name == "limit" else ""}, got {value!r}')
+    where = ('WHERE study = ?', (study,)) if study is not None else ('', ())
+    return _read(db, *where, stale_after=stale_after, limit=limit, offset=offset)
 
-# %% ../nbs/18_track.ipynb #b09721dc
-_CONTROL = re.compile('[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]')
-
-
-def _printable(text):
-    "`text` safe to print in a terminal: control characters (escape sequences, bidi overrides) shown as escapes, `\\x1b`."
-    return _CONTROL.sub(lambda m: m[0].encode('unicode_escape').decode(), text)
-
-# %% ../nbs/18_track.ipynb #6d41e4b7
+# %% ../nbs/18_track.ipynb #6f72ba52
 _STATUS_COLORS = {
     'running': '#1f77b4',
     'finished': '#2ca02c',
@@ -902,11 +1031,26 @@ _STATUS_COLORS = {
 
 
 class Runs(list):
-    "A list of `Run`s that shows as a table (HTML in Jupyter, text elsewhere), plots their curves and picks the best."
+    """A list of `Run`s that shows as a table (HTML in Jupyter, text elsewhere), plots their curves and picks the best;
+    `total` runs matched the query, of which these are a page from the `offset`-th."""
+
+    def __init__(self, found=(), total=None, offset=0):
+        super().__init__(found)
+        self.total, self.offset = len(self) if total is None else total, offset
 
     def __getitem__(self, i):
         got = super().__getitem__(i)
         return Runs(got) if isinstance(i, slice) else got
+
+    def page_note(self):
+        "A line that says these are a page of more runs, and how to get the rest; '' if they are all."
+        if len(self) >= self.total:
+            return ''
+        last = self.offset + len(self)
+        return (
+            f'runs {self.offset + 1:,} to {last:,} of {self.total:,}, newest first: runs(db, offset={last}) for the '
+            'next page, limit=None for all'
+        )
 
     def varying(self):
         "The config keys whose values differ between these runs, in order of appearance (the lr if none do)."
@@ -974,7 +1118,7 @@ class Runs(list):
             return out
 
         return '\n'.join(
-            _printable(line)
+            printable(line)
             for root in sorted(children.get(None, []), key=lambda r: r.id)
             for line in lines(root, '', True)
         )
@@ -983,10 +1127,11 @@ class Runs(list):
         if not self:
             return 'no runs'
         columns, rows = self.table()
-        columns, rows = [_printable(c) for c in columns], [[_printable(c) for c in row] for row in rows]
+        columns, rows = [printable(c) for c in columns], [[printable(c) for c in row] for row in rows]
         widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(columns)]
         line = lambda cells: '  '.join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
-        return '\n'.join([line(columns), line(['-' * w for w in widths]), *map(line, rows)])
+        note = [self.page_note()] if self.page_note() else []
+        return '\n'.join([line(columns), line(['-' * w for w in widths]), *map(line, rows), *note])
 
     __str__ = __repr__
 
@@ -1005,7 +1150,10 @@ class Runs(list):
                 f'{html.escape(row[status])}{" ⓘ" if run.message else ""}</td>'
             )
             body.append('<tr>' + ''.join(cells) + '</tr>')
-        return f'<table class="nbtrainer-runs"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+        note = f'<caption style="text-align:left">{html.escape(self.page_note())}</caption>' if self.page_note() else ''
+        return (
+            f'<table class="nbtrainer-runs">{note}<thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+        )
 
     def histories(self):
         "The runs' histories, in order, read in one query per database (and kept as each run's `.history`)."
@@ -1126,7 +1274,7 @@ class Runs(list):
             )
         return (min if mode == 'min' else max)(scored, key=lambda r: value[r.id])
 
-# %% ../nbs/18_track.ipynb #99176fd3
+# %% ../nbs/18_track.ipynb #6b34dc11
 def _seconds(text):
     "A number of seconds >= 0 (`inf`: never), for --stale-after."
     try:
@@ -1145,6 +1293,9 @@ def main(argv=None):
     )
     parser.add_argument('db', help='the experiment database, e.g. runs/experiments.db')
     parser.add_argument('--study', help='only the runs of this study')
+    parser.add_argument('--limit', type=int, default=50, help='how many runs to print, newest first (default: 50)')
+    parser.add_argument('--offset', type=int, default=0, help='skip this many of the newest first (the next page)')
+    parser.add_argument('--all', action='store_true', help='print every run (on a large registry: long)')
     parser.add_argument(
         '--stale-after',
         type=_seconds,
@@ -1153,9 +1304,10 @@ def main(argv=None):
     )
     args = parser.parse_args(argv)
     try:
-        found = runs(args.db, study=args.study, stale_after=args.stale_after)
+        limit = None if args.all else args.limit
+        found = runs(args.db, study=args.study, stale_after=args.stale_after, limit=limit, offset=args.offset)
     except (OSError, ValueError, sqlite3.Error) as e:
-        parser.exit(2, f'nbtrainer-runs: error: {_printable(str(e))}\n')
+        parser.exit(2, f'nbtrainer-runs: error: {printable(str(e))}\n')
     print(found)
     if any(r.parent for r in found):
         print('\nforks:\n' + found.tree())

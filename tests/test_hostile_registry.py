@@ -47,11 +47,16 @@ def branch_weights(run, step):
     return learn.model
 
 
+def reader_state(path):
+    "SQLite's index of a WAL (`-shm`) and an empty WAL: what any reader of a WAL database may leave, no data of its own."
+    return path.name.endswith('-shm') or (path.name.endswith('-wal') and path.stat().st_size == 0)
+
+
 def snapshot(root, leave_out=()):
-    "Every file under `root` (less the folders `leave_out`) with the hash of its bytes."
+    "Every file under `root` (less the folders `leave_out`, and SQLite's reader state) with the hash of its bytes."
     found = {}
     for path in sorted(Path(root).rglob('*')):
-        if path.is_file() and not any(path.is_relative_to(f) for f in leave_out):
+        if path.is_file() and not reader_state(path) and not any(path.is_relative_to(f) for f in leave_out):
             found[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
     return found
 
