@@ -439,10 +439,12 @@ def _check_optimizer_state(opt, saved, path, sharded=False):
     ):
         raise bad('groups are not lists of parameters')
     positions = [i for g in groups for i in g['params']]
+    if sharded:  # groups name their parameters; the per-parameter state is in the shards, which DCP checks
+        if not all(isinstance(n, str) for n in positions):
+            raise bad(f'groups name their parameters {str(positions)[:80]}, not by their names')
+        return
     if positions != list(range(len(positions))):
         raise bad(f'groups number their parameters {str(positions)[:80]}, not 0, 1, 2, ...')
-    if sharded:
-        return  # the per-parameter state is in the shards, which DCP checks against the model
     params = [p for g in opt.param_groups for p in g['params']]
     if not isinstance(saved['state'], dict):
         raise bad('state is not a dict')

@@ -16,6 +16,7 @@ from .checks import writable_folder
 from .recorder import Recorder
 from nbtrainer.runfiles import (
     RUN_NAME,
+    UnsafeFileError,
     atomic_write,
     bare_name,
     csv_cell,
@@ -135,18 +136,18 @@ class CSVLogger(Callback):
 
     def _truncate(self, n_rows):
         "Cut the file back to its header and `n_rows` data rows, dropping rows written after a checkpoint."
-        kind = file_kind(self.path)
-        if kind != 'regular file':
+        try:
+            with named_errors(self.path), open_file(self.path, 'r+b') as f:
+                header, kept = f.readline(), 0
+                while kept < n_rows and f.readline():
+                    kept += 1
+                f.truncate()
+        except (FileNotFoundError, UnsafeFileError) as e:
+            gone = isinstance(e, FileNotFoundError)
             warnings.warn(
-                f'{self.path} is {"missing" if kind is None else "a " + kind + ", not a log file"}: the resumed fit '
-                'starts a new log file'
+                f'{self.path} is {"missing" if gone else "not a log file of its own"}: the resumed fit starts a new log file'
             )
             return None, 0
-        with named_errors(self.path), open_file(self.path, 'r+b') as f:
-            header, kept = f.readline(), 0
-            while kept < n_rows and f.readline():
-                kept += 1
-            f.truncate()
         if kept < n_rows:
             warnings.warn(f'{self.path} has {kept} rows but the checkpoint logged {n_rows}')
         return next(csv.reader([header.decode()])), kept

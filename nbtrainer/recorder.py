@@ -268,10 +268,10 @@ def _plain_value(v, depth=0):
 
 
 def _same_kind(now, saved):
-    "Can `saved`, read from a file, take the place of a metric's state `now`: a tensor of its shape, or a number?"
+    "Can `saved`, read from a file, take the place of a metric's state `now`: a tensor of its shape, a number, None?"
     if torch.is_tensor(now):
         return torch.is_tensor(saved) and saved.shape == now.shape
-    return type(saved) in (int, float) and type(now) in (int, float)
+    return saved is None or type(saved) in (int, float) or torch.is_tensor(saved)  # a state made at the first batch
 
 # %% ../nbs/00d_recorder.ipynb #dcc83bde
 class Recorder(Callback):
@@ -431,10 +431,12 @@ class Recorder(Callback):
     def check_state(self, state):
         "Raise if `state` is not one a Recorder wrote: its history rows, counts, smoothing and metric states (see below)."
         self._loaded_history = (state['history'], _history_rows(state['history']))  # parsed once, used by the load
-        counts = [state['n_batches'], *state['since_row'][1:]]
-        if not (len(state['since_row']) == 2 and all(type(c) is int and 0 <= c < 2**53 for c in counts)):
-            raise ValueError(f"its Recorder state counts {str(counts)[:80]} batches")
-        numbers = [*state.get('smooth', ()), state.get('beta', 0.0), state['since_row'][0]]
+        n, since = state['n_batches'], state['since_row']  # since the last row: a sum, and a count (summed under DDP)
+        if not (
+            type(n) is int and 0 <= n < 2**53 and len(since) == 2 and type(since[1]) in (int, float) and since[1] >= 0
+        ):
+            raise ValueError(f'its Recorder state counts {str([n, *since[1:]])[:80]} batches')
+        numbers = [*state.get('smooth', ()), state.get('beta', 0.0), since[0]]
         numbers += [state[k] for k in ('time', 'grad_norm') if state.get(k) is not None]
         if not all(type(v) in (int, float) for v in numbers) or len(state.get('smooth', (0, 0))) != 2:
             raise ValueError(f'its smoothing and times {str(numbers)[:80]} are not numbers')

@@ -840,8 +840,11 @@ def __repr__(self):
     columns, rows = self.table()
     if not rows:
         return f'study {self.name}: no trials yet'
-    shown = columns[:-1]
-    cells = [[_cell(row[c]) + (' *' if c == 'trial' and row['best'] else '') for c in shown] for row in rows]
+    shown = [printable(c) for c in columns[:-1]]
+    cells = [
+        [printable(_cell(row[c])) + (' *' if c == 'trial' and row['best'] else '') for c in columns[:-1]]
+        for row in rows
+    ]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(shown)]
     line = lambda cs: '  '.join(c.ljust(w) for c, w in zip(cs, widths)).rstrip()
     return '\n'.join([line(shown), line(['-' * w for w in widths]), *map(line, cells)])
@@ -911,7 +914,7 @@ class StudyDisplay:
             self.printed[row['trial']] = row['status']
             if quiet:
                 continue
-            params = ' '.join(f'{n}={_cell(row[n])}' for n in self.study.searched)
+            params = printable(' '.join(f'{n}={_cell(row[n])}' for n in self.study.searched))
             value = _cell(row[f'best {self.study.monitor}'])
             print(
                 f"trial {row['trial']} {row['status']}: best {self.study.monitor} {value} "
