@@ -1048,8 +1048,8 @@ class Runs(list):
             return ''
         last = self.offset + len(self)
         return (
-            f'runs {self.offset + 1:,} to {last:,} of {self.total:,}, newest first: runs(db, offset={last}) for the '
-            'next page, limit=None for all'
+            f'runs {self.offset + 1:,} to {last:,} of {self.total:,}, newest first (the next page: offset {last}; '
+            'all of them: no limit)'
         )
 
     def varying(self):

@@ -5,7 +5,7 @@ and loads that fail leave the Learner exactly as it was. Each test asserts that 
 call ended within a bound far above its expected time (a FIFO that blocked would hang it), and the error names the
 file, or the documented fallback was taken. These tests stay in the suite."""
 
-import collections, hashlib, io, json, os, pickle, shutil, struct, subprocess, sys, textwrap, threading, warnings
+import collections, hashlib, io, json, os, pickle, shutil, stat, struct, subprocess, sys, textwrap, threading, warnings
 import zipfile
 from pathlib import Path
 
@@ -108,10 +108,15 @@ def plant(path, kind, victim):
         os.symlink(victim / 'not-there', path)
     elif kind == 'fifo':
         os.mkfifo(path)
+    elif kind == 'device':  # /dev/zero's numbers: a reader of it would read for ever
+        try:
+            os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(1, 5))
+        except PermissionError:
+            pytest.skip('making a device node needs CAP_MKNOD')
     return path
 
 
-KINDS = ['symlink', 'hardlink', 'dangling', 'fifo']
+KINDS = ['symlink', 'hardlink', 'dangling', 'fifo', 'device']
 
 
 def ends_clearly(call, name):
