@@ -59,7 +59,7 @@ def row_writes(evals, writers):
 
 def build_registry(db, n_runs, n_rows):
     "A registry of `n_runs` finished runs with `n_rows` history rows each, in 10 studies, written through the real schema."
-    from nbtrainer.track import connect, transaction
+    from nbtrainer.registry import connect, transaction
 
     rng = random.Random(0)
     config = {
@@ -139,7 +139,7 @@ def main():
     parser.add_argument('--rows', type=int, default=100)
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from nbtrainer.track import runs
+    from nbtrainer.experiments import runs
 
     print('1. Tracker.after_eval: one history row, the best value and the heartbeat, one transaction')
     for writers in args.writers:
@@ -150,7 +150,7 @@ def main():
             f'max {t[-1] * 1e3:.1f} ms'
         )
 
-    from nbtrainer.track import connect, transaction
+    from nbtrainer.registry import connect, transaction
 
     beat_db = Path(tempfile.mkdtemp()) / 'beat.db'
     with closing(connect(beat_db, create=True)) as con:  # what the heartbeat thread does every beat_every (10) seconds

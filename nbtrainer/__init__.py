@@ -93,7 +93,9 @@ from nbtrainer.distributed import (
 from .fsdp import FSDP, memory_per_rank
 from .control import Controls
 from .dashboard import Dashboard
-from .track import MLflowLogger, Run, Runs, Tracker, runs
+from .experiments import Run, Runs, runs
+from .mlflow_logger import MLflowLogger
+from .track import Tracker
 from .study import Choice, Fixed, Float, Int, Param, Study, StudyStopped, TrialPruned
 
 __all__ = [

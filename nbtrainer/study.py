@@ -22,7 +22,9 @@ from .core import Learner, patch_to
 from .distributed import broadcast_object, init_distributed, is_distributed, rank
 from .recorder import monitored_value
 from .runfiles import open_file, printable, real_folder
-from .track import Runs, Tracker, connect, runs
+from .experiments import Runs, runs
+from .registry import connect
+from .track import Tracker
 
 # %% ../nbs/19_study.ipynb #2690065f
 ROLES = ('scientific', 'nuisance', 'fixed')

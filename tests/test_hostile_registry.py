@@ -415,7 +415,7 @@ def test_a_full_disk_is_read_and_refused_clearly(tmp_path):
         from pathlib import Path
         from nbtrainer import Callback, Order, Tracker, runs
         from nbtrainer.testing import same_weights, synth_learner
-        from nbtrainer.track import main
+        from nbtrainer.experiments import main
         db = Path({str(disk)!r}) / 'experiments.db'
         synth_learner(cbs=[Tracker(db, notes='before')]).fit(2)
 

@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 
 from conftest import ROOT
 from nbtrainer.testing import same_history
-from nbtrainer.track import runs
+from nbtrainer.experiments import runs
 from study_worker import FIT, NAME, SEED, TRIALS, UPPER, study
 
 WORKER = [sys.executable, str(ROOT / 'tests' / 'study_worker.py')]
