@@ -318,7 +318,8 @@ class TrialReport(Callback):
         if self.trial is not None:
             self.reported = set(self.trial.storage.get_trial(self.trial._trial_id).intermediate_values)
             tracker = next(cb for cb in self.learn.cbs if isinstance(cb, Tracker))
-            if self.trial.user_attrs.get('run') != tracker.run_id:
+            if self.trial.user_attrs.get('run_uid') != tracker.uid:  # its identity in any registry; `run`: the id here
+                self.trial.set_user_attr('run_uid', tracker.uid)
                 self.trial.set_user_attr('run', tracker.run_id)
         new = self.trial is not None and self._report(history)
         if history:
@@ -528,8 +529,10 @@ class Study:
         return Runs(sorted(found, key=lambda r: r.config['trial']))
 
     def params(self, run):
-        "The parameters (searched and fixed) of the trial that registry run `run` recorded."
-        return {k: run.config[k] for k in self.space if k in run.config}
+        """The parameters (searched and fixed) the trial of registry run `run` was given: what the study proposed, which
+        the registry keeps as `proposed.<name>` where the Learner trained at another value (kept as `<name>`)."""
+        config = run.config
+        return {k: config.get(f'proposed.{k}', config.get(k)) for k in self.space if k in config}
 
     def _claim_next(self):
         "(Optuna trial, number, params, resumed, lock) of the trial this process runs next; None: the study has enough."
@@ -631,11 +634,14 @@ class Study:
             notes=f'trial {number}',
             monitor=self.monitor,
             mode=self.mode,
-            config={**params, 'trial': number, 'space': self.description()['space']},
+            config={'trial': number, 'space': self.description()['space']},
+            proposed=params,  # recorded as trained; the proposal beside it where the Learner trained at another value
         )
-        run_id = trial.user_attrs.get('run') if trial is not None else None
-        if run_id is not None:  # taken over before a checkpoint: its run goes on (a checkpoint's state replaces this)
-            tracker.load_state_dict({'run': run_id, 'rows': 0, 'best': [None, None]})
+        attrs = trial.user_attrs if trial is not None else {}
+        if attrs.get('run_uid') or attrs.get('run') is not None:  # taken over before a checkpoint: its run goes on
+            tracker.load_state_dict(
+                {'run': attrs.get('run'), 'uid': attrs.get('run_uid'), 'rows': 0, 'best': [None, None]}
+            )
         checkpointer = Checkpointer(
             folder, every_eval=True, keep_last=1, keep_best=1, monitor=self.monitor, mode=self.mode
         )

@@ -23,11 +23,14 @@ from .recorder import check_monitor, monitored_value
 from nbtrainer.registry import (
     BUSY_TIMEOUT,
     DIED_AFTER_BEATS,
-    check_intact,
-    database_errors,
     as_json,
-    tracker_state,
+    check_intact,
     connect,
+    database_errors,
+    location,
+    new_uid,
+    on_server,
+    tracker_state,
     transaction,
 )
 from .rng import loader_generators
@@ -199,30 +202,35 @@ def _checkpoint_folder(learn, db):
     folders = [cb.folder for cb in learn.cbs if getattr(cb, 'keeps_checkpoints', False)]
     if not folders:
         return None
-    folder, home = Path(folders[0]).resolve(), Path(db).resolve().parent
+    folder = Path(folders[0]).resolve()
+    if on_server(db):
+        return str(folder)  # a server has no folder: the run's folder is recorded where it is
+    home = Path(db).resolve().parent
     return folder.relative_to(home).as_posix() if folder.is_relative_to(home) else str(folder)
 
 # %% ../nbs/18a_track.ipynb #9857ec5f
 class Tracker(Callback):
-    "Record each fit as a run in the SQLite database `db`: config, status, history, best `monitor` value and how to reproduce it."
+    "Record each fit as a run of the registry `db` (a file or a server's URL): config, status, history, best value, how to run it again."
 
     order = Order.WRITE
     side_effects = main_process_only = True  # it writes a file; under DDP rank 0 alone does
     beat_every = 10.0  # seconds between heartbeats
 
-    def __init__(self, db='runs/experiments.db', study=None, notes='', monitor=None, mode='min', config=None):
+    def __init__(
+        self, db='runs/experiments.db', study=None, notes='', monitor=None, mode='min', config=None, proposed=None
+    ):
         if mode not in ('min', 'max'):
             raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
         self.db, self.study, self.notes, self.monitor, self.mode = (
-            Path(db),
+            location(db),
             study,
             str(notes),
             monitor or 'valid_loss',
             mode,
         )
         self._monitor_asked = monitor  # None: valid_loss, or train_loss in a fit without validation data
-        self.config = dict(config or {})
-        self.run_id = None  # the run of the current (or last) fit
+        self.config, self.proposed = dict(config or {}), dict(proposed or {})
+        self.run_id = self.uid = None  # the run of the current (or last) fit: its id here, its identity everywhere
         self._con = self._heartbeat = self._resume = self._parent = None
         self._open = False  # between before_fit and after_fit
         self._stopped = False  # the database failed during this fit: nothing more is written
@@ -240,44 +248,61 @@ class Tracker(Callback):
         self._heartbeat.start()
 
     def _start(self):
+        with transaction(self._con) as con:
+            self.uid = new_uid()
+            self.run_id = self._insert(con, self.uid)
+        self._rows, self._best = 0, (None, None)
+
+    def _insert(self, con, uid, resumes=0):
+        "Insert the row of a new run of identity `uid`; its id. The config records what the Learner trains with."
         learn, now = self.learn, wall()
         notebook = notebook_path()
         commit, dirty = git_state(Path(notebook).parent if notebook and Path(notebook).parent.is_dir() else None)
-        config = {**fit_config(learn), **{k: plain_value(v) for k, v in self.config.items()}}
-        with transaction(self._con) as con:
-            self.run_id = con.execute(
-                'INSERT INTO runs (study, status, started, heartbeat, beat_every, host, command, git_commit, git_dirty, '
-                'config, monitor, mode, notes, parent, checkpoints) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
-                (
-                    self.study,
-                    'running',
-                    now,
-                    now,
-                    self.beat_every,
-                    socket.gethostname(),
-                    reproduce_command(),
-                    commit,
-                    None if dirty is None else int(dirty),
-                    as_json(config),
-                    self.monitor,
-                    self.mode,
-                    self.notes,
-                    None if self._parent is None else as_json(self._parent),
-                    _checkpoint_folder(learn, self.db),
-                ),
-            ).lastrowid
+        trained = fit_config(learn)
+        config = {**trained, **{k: plain_value(v) for k, v in self.config.items()}}
+        for k, v in self.proposed.items():  # a study's proposal: beside what the Learner trains at, where that differs
+            config[k if k not in trained or trained[k] == plain_value(v) else f'proposed.{k}'] = plain_value(v)
+        parent = self._parent
+        if parent is not None and parent.get('uid') is not None:  # the parent's id in this registry
+            found = con.execute('SELECT id FROM runs WHERE uid = ?', (parent['uid'],)).fetchone()
+            parent = {**parent, 'run': found[0] if found else parent['run']}
         self._parent = None
-        self._rows, self._best = 0, (None, None)
+        return con.insert(
+            'INSERT INTO runs (study, status, started, heartbeat, beat_every, host, command, git_commit, git_dirty, '
+            'config, monitor, mode, notes, parent, checkpoints, uid, resumes) '
+            'VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+            (
+                self.study,
+                'running',
+                now,
+                now,
+                self.beat_every,
+                socket.gethostname(),
+                reproduce_command(),
+                commit,
+                None if dirty is None else int(dirty),
+                as_json(config),
+                self.monitor,
+                self.mode,
+                self.notes,
+                None if parent is None else as_json(parent),
+                _checkpoint_folder(learn, self.db),
+                uid,
+                resumes,
+            ),
+        )
 
     def _reopen(self, state):
-        "Continue the run of a checkpoint: drop the rows written after it, mark the run running again (with its folder now)."
-        run_id, rows = state['run'], state['rows']
+        """Continue the run of a checkpoint, found by its UUID (an older checkpoint's by its id): drop the rows written
+        after it, mark it running again. A registry that lacks the run adopts it, with the rows the checkpoint holds."""
+        uid, rows = state.get('uid'), state['rows']
         with transaction(self._con) as con:
-            found = con.execute('SELECT study, config FROM runs WHERE id = ?', (run_id,)).fetchone()
+            key, value = ('uid', uid) if uid is not None else ('id', state['run'])
+            found = con.execute(f'SELECT id, study, config, uid FROM runs WHERE {key} = ?', (value,)).fetchone()
             if found is None:
-                warnings.warn(f'run {run_id} of the checkpoint is not in {self.db}: the resumed fit starts a new run')
-                return False
-            if not self._mine(found):
+                return self._adopt(con, state)
+            run_id = found[0]
+            if not self._mine(found[1:3]):
                 warnings.warn(
                     f'run {run_id} of {self.db} belongs to another study or trial than this fit\'s (study '
                     f'{printable(self.study)!r}, trial {self.config.get("trial")}): it is left as it is, and the '
@@ -300,7 +325,31 @@ class Tracker(Callback):
                     run_id,
                 ),
             )
-        self.run_id, self._rows, self._best = run_id, rows, tuple(state['best'])
+        self.run_id, self.uid, self._rows, self._best = run_id, found[3], rows, tuple(state['best'])
+        return True
+
+    def _adopt(self, con, state):
+        "The checkpoint's run is not in this registry: record it here under its UUID, with the history the checkpoint holds."
+        uid, rows, history = state.get('uid'), state['rows'], self.learn.recorder.history
+        if uid is None or len(history) < rows:
+            warnings.warn(
+                f'run {state.get("run")} of the checkpoint is not in {self.db}: the resumed fit starts a new run'
+            )
+            return False
+        run_id = self._insert(con, uid, resumes=1)
+        for seq, row in enumerate(history[:rows]):
+            con.execute(
+                'INSERT INTO evals (run, seq, step, row) VALUES (?, ?, ?, ?)', (run_id, seq, row['step'], as_json(row))
+            )
+        con.execute(
+            'UPDATE runs SET best_value = ?, best_step = ?, final = ? WHERE id = ?',
+            (*state['best'], as_json(history[rows - 1]) if rows else None, run_id),
+        )
+        warnings.warn(
+            f'run {uid} of the checkpoint was not in {self.db}: it is recorded there now as run {run_id}, with the '
+            f'{rows} history rows the checkpoint holds'
+        )
+        self.run_id, self.uid, self._rows, self._best = run_id, uid, rows, tuple(state['best'])
         return True
 
     def _mine(self, row):
@@ -394,7 +443,7 @@ class Tracker(Callback):
     def state_dict(self):
         if not self._open or self._stopped:
             return {}  # a run it stopped recording is not continued by a resume
-        return {'run': self.run_id, 'rows': self._rows, 'best': list(self._best)}
+        return {'run': self.run_id, 'uid': self.uid, 'rows': self._rows, 'best': list(self._best)}
 
     def check_state(self, state):
         if state and not tracker_state(state):
@@ -410,4 +459,4 @@ class Tracker(Callback):
         "The Learner was forked: its next fit is a new run whose parent is the run of the fork point, at its step."
         resume, self._resume = self._resume, None
         if resume is not None:
-            self._parent = {'run': resume['run'], 'step': self.learn.progress.parent['step']}
+            self._parent = {'run': resume['run'], 'step': self.learn.progress.parent['step'], 'uid': resume.get('uid')}

@@ -53,5 +53,7 @@ def test_a_fork_from_the_registry_in_a_fresh_process_reproduces_the_run_and_reco
     assert any(not torch.equal(original[k], branch[k]) for k in original)
     found = runs(tmp_path / 'runs.db')
     parent = next(r for r in found if r.parent is None)
-    assert len(found) == 3 and all(r.parent == {'run': parent.id, 'step': 6} for r in found if r is not parent)
+    assert len(found) == 3 and all(
+        r.parent == {'run': parent.id, 'step': 6, 'uid': parent.uid} for r in found if r is not parent
+    )
     assert [row['lr'] for row in found[0].history][-1] == parent.history[-1]['lr'] / 10  # the newest: the branch

@@ -140,8 +140,8 @@ def test_crafted_checkpoint_folders_are_refused(tmp_path):
         ('..\\..\\victim', ("'checkpoints' field climbs out",)),
         ('ckpt\0/x', ("run 1's 'checkpoints' field holds a NUL character",)),
         (' ', ("'checkpoints' field is empty",)),
-        ('second', ("second/eval-12.pt holds run 2's state at step 12, not run 1's",)),  # another run's
-        (str(tmp_path / 'other' / 'ckpt2'), ("ckpt2/eval-12.pt holds run 2's state at step 12",)),
+        ('second', ('second/eval-12.pt holds the state of another run at step 12', "run 2 where", "not run 1's")),
+        (str(tmp_path / 'other' / 'ckpt2'), ('ckpt2/eval-12.pt holds the state of another run at step 12',)),
         ('anonymous', ('anonymous/eval-12.pt does not say which run it holds', "run 1's")),
         (str(victim), (str(victim / 'eval-12.pt'),)),
     ):  # read and checked as any file, never changed
@@ -151,10 +151,9 @@ def test_crafted_checkpoint_folders_are_refused(tmp_path):
         assert snapshot(tmp_path, leave_out=files) == before
     set_folder(db, original)
     assert runs(db)[1].fork(12)['progress']['step'] == 12
-    # an absolute folder that holds another registry's run of the same id cannot be told from this one's (a limit):
-    # the file is that run's, read as a checkpoint like any other
+    # an absolute folder that holds another registry's run of the same id: told apart by the runs' UUIDs, and refused
     set_folder(db, str(tmp_path / 'other' / 'ckpt'))
-    assert runs(db)[1].fork(12)['progress']['step'] == 12
+    raises(lambda: runs(db)[1].fork(12), 'holds the state of another run at step 12', "run 1 where", "not run 1's")
 
 
 def test_crafted_rows_get_one_clear_error(tmp_path):
