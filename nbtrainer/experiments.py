@@ -21,6 +21,7 @@ from nbtrainer.registry import (
     connect,
     database_errors,
     DIED_AFTER_BEATS,
+    EmptyRegistry,
     history_row,
     is_int,
     is_number,
@@ -208,7 +209,11 @@ class Run:
 # %% ../nbs/18b_experiments.ipynb #467bff5f
 def read_runs(db, where='', params=(), stale_after=None, limit=None, offset=0):
     "The runs `where` says, newest first: `limit` of them from the `offset`-th (None: all), and how many there are."
-    with closing(connect(db, readonly=True)) as con, database_errors(db):
+    try:
+        con = connect(db, readonly=True)
+    except EmptyRegistry:
+        return Runs()  # an empty file: a registry whose first writer had not made its tables yet, no runs
+    with closing(con), database_errors(db):
         page = '' if limit is None else f' LIMIT {int(limit)} OFFSET {int(offset)}'
         rows = con.rows(f'SELECT * FROM runs {where} ORDER BY id DESC{page}', params)
         total = len(rows) if limit is None else con.execute(f'SELECT count(*) FROM runs {where}', params).fetchone()[0]

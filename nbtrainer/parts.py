@@ -9,7 +9,7 @@ __all__ = ['STRATEGIES', 'FitProgress', 'TrainPass', 'Accumulation', 'Strategy',
            'FitState', 'ParamGroups', 'build_optimizer', 'PartNames']
 
 # %% ../nbs/00f_parts.ipynb #668bc251
-import contextlib, copy, math, numbers, os, re, threading, uuid, warnings
+import contextlib, copy, math, numbers, os, re, threading, uuid, warnings, weakref
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -538,6 +538,13 @@ class Validation:
 class FitState:
     "Whether a fit runs (one at a time: a lock, and the thread that holds it) and how the last one ended."
 
+    _fitting = weakref.WeakSet()  # every FitState of this process whose fit runs now
+
+    @classmethod
+    def running_now(cls):
+        "The FitStates of this process whose fits run now (a study refuses to start beside one: it reseeds)."
+        return list(cls._fitting)
+
     def __init__(self):
         self.lock, self.thread, self.running = threading.Lock(), None, False
         self.outcome = self.exception = None  # 'finished', 'stopped', 'preempted', 'interrupted' or 'failed'
@@ -565,9 +572,11 @@ class FitState:
                 'a fit is already running on this Learner (started by fit, fit_async, a callback or another '
                 'thread): wait for it to end, or stop it first (learn.controls.stop())'
             )
+        FitState._fitting.add(self)
         try:
             yield
         finally:
+            FitState._fitting.discard(self)
             self.lock.release()
 
     def wait(self, timeout=None):

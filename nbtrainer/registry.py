@@ -341,11 +341,15 @@ def _open_for_reading(path):
     return sqlite3.connect(f'{uri}?mode=ro&immutable=1', uri=True, isolation_level=None)
 
 # %% ../nbs/18_registry.ipynb #85704d89
+class EmptyRegistry(ValueError):
+    "A registry file with no tables yet (made, and its first writer killed before it made them): it holds no runs."
+
+
 def _checked_header(con, path, create):
     "The file's schema version, checked to be ours and one this nbtrainer reads (None: an empty file, to be made)."
     if _header(con) == (0, 0) and not con.execute('SELECT count(*) FROM sqlite_master').fetchone()[0]:
         if not create:
-            raise ValueError(f'{path} is an empty file, not an nbtrainer experiment database')
+            raise EmptyRegistry(f'{path} is an empty file, not an nbtrainer experiment database (yet)')
         return None
     app, version = _header(con)
     if app != APPLICATION_ID:

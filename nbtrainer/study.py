@@ -9,8 +9,9 @@ __all__ = ['ROLES', 'KINDS', 'SAMPLERS', 'PRUNERS', 'STOP_MESSAGE', 'Param', 'Fl
            'seed_trial', 'TrialPruned', 'StudyStopped', 'TrialReport', 'Study']
 
 # %% ../nbs/19_study.ipynb #ebe3010a
-import asyncio, concurrent.futures, contextlib, contextvars, fcntl, hashlib, html, json, math, os, random, re, threading
-import warnings
+import asyncio, concurrent.futures, contextlib, contextvars, fcntl, functools, hashlib, html, inspect, json, math, os
+import random, re, threading
+import warnings, weakref
 from pathlib import Path
 
 import torch
@@ -21,9 +22,9 @@ from .clock import now
 from .core import Learner, patch_to
 from .distributed import broadcast_object, init_distributed, is_distributed, rank
 from .recorder import monitored_value
-from .runfiles import open_file, printable, real_folder
+from .runfiles import file_kind, open_file, printable, real_folder
 from .experiments import Runs, runs
-from .registry import connect
+from .registry import connect, location, on_server
 from .track import Tracker
 
 # %% ../nbs/19_study.ipynb #2690065f
@@ -215,6 +216,40 @@ def quiet_optuna():
         optuna.logging.set_verbosity(saved)
 
 
+@functools.cache
+def _numbered_qmc():
+    "Optuna's QMCSampler whose point for trial n is the sequence's point n - 1, whichever process asks, and however often."
+    optuna = import_optuna()
+
+    class NumberedQMC(optuna.samplers.QMCSampler):
+        # Optuna counts the points it hands out in a study attribute: a process killed between taking a point and
+        # storing it loses that point for good. A point fixed by the trial's number is the same when asked again. In
+        # a study of one process the two agree: trial 0 is sampled independently, trial n gets point n - 1.
+        _number = threading.local()
+
+        def __init__(self, *, seed, **kwargs):
+            super().__init__(seed=seed, **kwargs)
+            self._replay_seed = seed
+
+        def sample_relative(self, study, trial, search_space):
+            self._number.value = trial.number
+            return super().sample_relative(study, trial, search_space)
+
+        def _find_sample_id(self, study, search_space):
+            return max(self._number.value - 1, 0)
+
+        def sample_independent(self, study, trial, param_name, param_distribution):
+            # a fresh generator, seeded as Optuna's, replays the draws of the parameters the trial has: the same
+            # value whenever the parameter is asked for, and Optuna's own for a trial asked in one go
+            fresh = optuna.samplers.RandomSampler(seed=self._replay_seed)
+            for name, dist in trial.distributions.items():
+                if name != param_name:
+                    fresh.sample_independent(study, trial, name, dist)
+            return fresh.sample_independent(study, trial, param_name, param_distribution)
+
+    return NumberedQMC
+
+
 def make_sampler(sampler, space, seed=0):
     "The Optuna sampler for `sampler`: 'qmc' (scrambled Sobol), 'tpe', 'grid', 'random', or an Optuna sampler as it is."
     optuna = import_optuna()
@@ -222,7 +257,7 @@ def make_sampler(sampler, space, seed=0):
         return sampler
     with quiet_optuna():
         if sampler == 'qmc':
-            return optuna.samplers.QMCSampler(qmc_type='sobol', scramble=True, seed=seed)
+            return _numbered_qmc()(qmc_type='sobol', scramble=True, seed=seed)
         if sampler == 'tpe':
             return optuna.samplers.TPESampler(seed=seed)
         if sampler == 'random':
@@ -334,23 +369,61 @@ class TrialReport(Callback):
             raise StudyStopped(STOP_MESSAGE)
 
 # %% ../nbs/19_study.ipynb #fdefe878
-@contextlib.contextmanager
-def _locked(path):
-    "Hold an exclusive lock on the file `path` (made if need be) for the block: one process at a time."
-    with open_file(path, 'a+') as f:  # a link or FIFO in its place is refused by name
-        fcntl.flock(f, fcntl.LOCK_EX)
-        yield
+class _FileClaims:
+    "Locks on files in the study's folder: workers on one machine, or on a filesystem they share."
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    @contextlib.contextmanager
+    def asking(self):
+        "Hold the study's lock for the block: one process at a time asks for a trial, or takes one over."
+        with open_file(self.folder / '.lock', 'a+') as f:  # a link or FIFO in its place is refused by name
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+
+    def claim(self, number):
+        "An open file holding trial `number`'s lock; None if another process holds it (freed when that one dies)."
+        f = open_file(self.folder / f'trial-{number}.claim', 'a+')
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            return None
+        return f
 
 
-def _try_claim(path):
-    "An open file holding an exclusive lock on `path`; None if another process holds it (freed when that one dies)."
-    f = open_file(path, 'a+')
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
+class _ServerClaims:
+    """The same locks on the registry's PostgreSQL server (advisory locks): workers on any machine. The server frees a
+    lock when the connection that holds it closes, which a process's death does, as the kernel frees a file's."""
+
+    def __init__(self, url, name):
+        self.url, self.name = url, name
+
+    def _key(self, what):
+        return int.from_bytes(
+            hashlib.sha256(f'nbtrainer-study/{self.name}/{what}'.encode()).digest()[:8], 'big', signed=True
+        )
+
+    @contextlib.contextmanager
+    def asking(self):
+        with contextlib.closing(connect(self.url)) as con:
+            con.execute('SELECT pg_advisory_lock(?)', (self._key('ask'),))
+            yield
+
+    def claim(self, number):
+        con = connect(self.url)
+        if con.execute('SELECT pg_try_advisory_lock(?)', (self._key(number),)).fetchone()[0]:
+            return con  # held until closed
+        con.close()
         return None
-    return f
+
+
+def _fitting_here():
+    "A Learner of this process that is fitting now (in this thread or another), or None."
+    from nbtrainer.parts import FitState
+
+    return next(iter(FitState.running_now()), None)
 
 
 def _trial_number(n):
@@ -358,6 +431,48 @@ def _trial_number(n):
     return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
 # %% ../nbs/19_study.ipynb #598842b9
+def _mode_of(direction):
+    "Optuna's `direction=` ('minimize', 'maximize'), as nbtrainer's `mode=`, with a warning that says so."
+    modes = {'minimize': 'min', 'maximize': 'max'}
+    if direction not in modes:
+        raise ValueError(f"direction must be 'minimize' or 'maximize' (Optuna's names), got {direction!r}")
+    warnings.warn(f"direction={direction!r} is Optuna's name: nbtrainer's is mode={modes[direction]!r}", stacklevel=3)
+    return modes[direction]
+
+
+def _checked_storage(storage):
+    "Where Optuna keeps the study: 'journal', 'sqlite', a server's URL, or an Optuna storage; a file name is refused."
+    if storage in ('journal', 'sqlite') or not isinstance(storage, str) or '://' in storage:
+        return storage
+    raise ValueError(
+        f"storage={storage!r} is not a storage: 'journal' (a journal in the study's folder, the default), 'sqlite' "
+        "(the registry's own file), a database URL such as 'sqlite:///optuna.db' or 'postgresql://host/db', or an "
+        'Optuna storage object'
+    )
+
+
+def _check_fit(fit):
+    "The study's `fit=` names arguments `Learner.fit` takes (a typo found now, not after a trial was made)."
+    takes = set(inspect.signature(Learner.fit).parameters) - {'self', 'resume', 'cbs'}
+    unknown = sorted(set(fit) - takes)
+    if unknown:
+        raise ValueError(f'fit= names {unknown}, which Learner.fit does not take: it takes {sorted(takes)}')
+
+
+def _changes(kept, mine):
+    "What differs between the settings a study was started with and these, one change at a time (a space, by parameter)."
+    out = []
+    for key in dict.fromkeys([*kept, *mine]):
+        a, b = kept.get(key), mine.get(key)
+        if a == b:
+            continue
+        if key == 'space' and isinstance(a, dict) and isinstance(b, dict):
+            out += [f'{n}: {a.get(n)} -> {b.get(n)}' for n in dict.fromkeys([*a, *b]) if a.get(n) != b.get(n)]
+        else:
+            out.append(f'{key}: {a!r} -> {b!r}')
+    return '; '.join(out)
+
+# %% ../nbs/19_study.ipynb #c0b1cf60
 class Study:
     """A hyperparameter search on Optuna: `trials` trials of `space`, each the Learner `build(params)` makes, trained
     with `learn.fit(**fit)` and recorded as a run of study `name` in the registry `db`. `Study(name, db=db)` reads."""
@@ -376,12 +491,15 @@ class Study:
         sampler='qmc',
         seed=0,
         pruner='median',
-        storage='journal',
+        storage=None,
         folder=None,
         display=None,
+        direction=None,
     ):
         if not isinstance(name, str) or not re.fullmatch(r'[A-Za-z0-9][A-Za-z0-9._-]*', name):
             raise ValueError(f'a study name must be a bare name (letters, digits, ".", "_", "-"), got {name!r}')
+        if direction is not None:  # Optuna's name for it
+            mode = _mode_of(direction)
         if mode not in ('min', 'max'):
             raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
         if isinstance(sampler, str) and sampler not in SAMPLERS:
@@ -390,9 +508,13 @@ class Study:
             make_pruner(pruner)
         if build is not None and not callable(build):
             raise TypeError(f'build must be a function params -> Learner, got {build!r}')
-        self.name, self.db, self.build, self.seed = name, Path(db), build, seed
-        self.monitor, self.mode, self.sampler, self.pruner, self.storage = monitor, mode, sampler, pruner, storage
-        self.folder = Path(folder) if folder is not None else self.db.parent / 'studies' / name
+        self.name, self.db, self.build, self.seed = name, location(db), build, seed
+        self.storage = _checked_storage(
+            storage if storage is not None else self.db if on_server(self.db) else 'journal'
+        )
+        self.monitor, self.mode, self.sampler, self.pruner = monitor, mode, sampler, pruner
+        home = Path('runs') if on_server(self.db) else self.db.parent  # a server's study keeps its files here
+        self.folder = Path(folder) if folder is not None else home / 'studies' / name
         if space is None:
             space, self.monitor, self.mode = self._space_from_registry()
         self.space = check_space(space)
@@ -405,8 +527,10 @@ class Study:
                 raise ValueError('fit must be the fit each trial runs, e.g. fit=dict(epochs=5)')
             if 'resume' in fit or 'cbs' in fit:
                 raise ValueError("fit= takes the fit's length and evaluations: the study adds resume= and callbacks")
+            _check_fit(fit)
         self.trials, self.fit, self.display = trials, dict(fit or {}), display
         self._study, self._stopping, self.listeners = None, threading.Event(), []
+        self._learners = weakref.WeakSet()  # the Learners build() made for this study's trials: each must be new
 
     def _space_from_registry(self):
         found = runs(self.db, study=self.name, limit=None)
@@ -454,6 +578,10 @@ class Study:
             return optuna.storages.RDBStorage(
                 f'sqlite:///{self.db.resolve()}', engine_kwargs={'connect_args': {'timeout': 60}}
             )
+        if on_server(self.storage):  # Optuna's tables on the server, in its own schema (SQLAlchemy, with psycopg 3)
+            return optuna.storages.RDBStorage(
+                location(self.storage).url.replace('://', '+psycopg://', 1).replace('postgres+', 'postgresql+', 1)
+            )
         return self.storage  # an Optuna storage, or its URL
 
     def optuna_study(self):
@@ -461,8 +589,8 @@ class Study:
         if self._study is not None:
             return self._study
         optuna = import_optuna()
-        real_folder(self.folder, "study's folder").mkdir(parents=True, exist_ok=True)
-        with quiet_optuna(), _locked(self.folder / '.lock'):
+        self._make_folder()
+        with quiet_optuna(), self._claims().asking():
             study = optuna.create_study(
                 study_name=self.name,
                 storage=self._storage(),
@@ -475,14 +603,28 @@ class Study:
             if kept is None:
                 study.set_user_attr('nbtrainer', mine)
             elif kept != mine:
-                changed = [k for k in mine if mine[k] != kept.get(k)]
                 raise ValueError(
-                    f'study {self.name!r} in {self.folder} was started with another {", ".join(changed)}: '
-                    f'{ {k: kept.get(k) for k in changed} }. Continue it with the same settings, or give '
-                    'the new one another name'
+                    f'study {self.name!r} in {self.folder} was started with other settings: {_changes(kept, mine)}. '
+                    'Continue it with the same settings, or give the new one another name'
                 )
         self._study = study
         return study
+
+    def _claims(self):
+        "Where this study's processes take turns and claim trials: the registry's server, or the study's folder."
+        return _ServerClaims(self.db, self.name) if on_server(self.db) else _FileClaims(self.folder)
+
+    def _make_folder(self):
+        "The study's folder, made if missing; one that cannot be written is one clear error, not a bare PermissionError."
+        folder = real_folder(self.folder, "study's folder")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            open_file(folder / '.lock', 'a+').close()
+        except PermissionError as e:
+            raise PermissionError(
+                f'the study folder {folder} cannot be written ({e.strerror}): a study keeps its trials\' checkpoints '
+                'and locks there. Give Study(folder=...) a folder you can write, or copy the study there'
+            ) from None
 
     def stop(self):
         "Stop the study: the running trial ends at its next batch (the next run resumes it), and no new one starts."
@@ -494,6 +636,19 @@ class Study:
         process left are resumed first. Under torchrun, rank 0 picks, all ranks train it. Returns the study."""
         if self.build is None:
             raise ValueError(f'study {self.name!r} was read from the registry: give build=, trials= and fit= to run it')
+        if _fitting_here() is not None:
+            raise RuntimeError(
+                'a fit is running in this process (a Learner fitting in another thread, or the callback calling '
+                'study.run()): each trial seeds the global random streams, which would change that fit, and its '
+                'results would change the trials. Wait for it (learn.wait_for_fit()), or run the study in a process '
+                'of its own'
+            )
+        if self.mode == 'max' and self.monitor.endswith('loss'):
+            warnings.warn(
+                f"study {self.name!r} maximizes {self.monitor!r}: its best trial is the one with the highest loss. "
+                "mode='min' minimizes it",
+                stacklevel=2,
+            )
         self._stopping.clear()
         distributed = is_distributed() or int(os.environ.get('WORLD_SIZE', '1')) > 1  # a torchrun job
         if distributed:
@@ -521,7 +676,7 @@ class Study:
 
     def runs(self):
         "The trials' registry runs, by trial number."
-        if not self.db.exists():
+        if not on_server(self.db) and file_kind(self.db) is None:
             return Runs()  # no trial has started yet
         found = [
             r for r in runs(self.db, study=self.name, limit=None) if _trial_number(r.config.get('trial'))
@@ -539,24 +694,32 @@ class Study:
         optuna = import_optuna()
         from optuna.trial import TrialState
 
-        study = self.optuna_study()
-        with quiet_optuna(), _locked(self.folder / '.lock'):  # one process at a time asks, or takes over a trial
+        study, claims = self.optuna_study(), self._claims()
+        with quiet_optuna(), claims.asking():  # one process at a time asks, or takes over a trial
             trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
             for t in trials:
-                claim = _try_claim(self.folder / f'trial-{t.number}.claim') if t.state == TrialState.RUNNING else None
+                claim = claims.claim(t.number) if t.state == TrialState.RUNNING else None
                 if claim is not None:
                     try:
-                        params = self._stored_params(t)
-                    except ValueError:
+                        trial = optuna.trial.Trial(study, t._trial_id)
+                        if set(t.params) != set(self.searched):  # its process died inside ask: ask for its point again
+                            self._suggest(trial)
+                        return trial, t.number, self._stored_params(study._storage.get_trial(t._trial_id)), True, claim
+                    except BaseException:
                         claim.close()
                         raise
-                    return optuna.trial.Trial(study, t._trial_id), t.number, params, True, claim
             counted = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING) for t in trials)
             if counted >= self.trials:
                 return None
-            trial = study.ask({n: p.distribution() for n, p in self.searched.items()})
-            claim = _try_claim(self.folder / f'trial-{trial.number}.claim')  # a new number: nobody holds it
+            trial = study.ask()  # a trial, then its point: a process killed in between leaves it to be asked again
+            self._suggest(trial)
+            claim = claims.claim(trial.number)  # a new number: nobody holds it
             return trial, trial.number, {**self.fixed, **trial.params}, False, claim
+
+    def _suggest(self, trial):
+        "Draw the trial's point from the sampler, parameter by parameter (a parameter it has keeps its value)."
+        for name, p in self.searched.items():
+            trial._suggest(name, p.distribution())
 
     def _stored_params(self, trial):
         """The parameters a trial of the storage holds, with the fixed ones: each a parameter of the space, inside its
@@ -612,6 +775,12 @@ class Study:
         learn = self.build(dict(params))
         if not isinstance(learn, Learner):
             raise TypeError(f'build(params) must return a Learner, got {type(learn).__name__}')
+        if learn in self._learners:
+            raise ValueError(
+                f'build(params) returned for trial {number} a Learner an earlier trial trained: every trial would '
+                'go on training one model. Make a new model and Learner inside build'
+            )
+        self._learners.add(learn)
         taken = [
             type(cb).__name__
             for cb in learn.cbs
@@ -637,11 +806,9 @@ class Study:
             config={'trial': number, 'space': self.description()['space']},
             proposed=params,  # recorded as trained; the proposal beside it where the Learner trained at another value
         )
-        attrs = trial.user_attrs if trial is not None else {}
-        if attrs.get('run_uid') or attrs.get('run') is not None:  # taken over before a checkpoint: its run goes on
-            tracker.load_state_dict(
-                {'run': attrs.get('run'), 'uid': attrs.get('run_uid'), 'rows': 0, 'best': [None, None]}
-            )
+        uid = self._run_of(trial, number) if resumed else None
+        if uid is not None:  # taken over before a checkpoint: its run goes on (a checkpoint's state replaces this)
+            tracker.load_state_dict({'run': None, 'uid': uid, 'rows': 0, 'best': [None, None]})
         checkpointer = Checkpointer(
             folder, every_eval=True, keep_last=1, keep_best=1, monitor=self.monitor, mode=self.mode
         )
@@ -651,6 +818,15 @@ class Study:
         finally:
             learn.remove_cbs(added)
         return learn, tracker
+
+    def _run_of(self, trial, number):
+        """The UUID of the registry run of trial `number` a lost process left: the trial's note of it, or, if the
+        process died before it wrote one, the run the registry holds for this study and trial."""
+        uid = trial.user_attrs.get('run_uid') if trial is not None else None
+        if uid is not None:
+            return uid
+        found = [r for r in self.runs() if r.config.get('trial') == number]
+        return found[-1].uid if found else None
 
     def _tell(self, trial, value=None, state=None):
         from optuna.trial import TrialState

@@ -310,6 +310,7 @@ class Tracker(Callback):
                 )
                 return False
             con.execute('DELETE FROM evals WHERE run = ? AND seq >= ?', (run_id, rows))
+            self._fill(con, run_id, rows)  # rows another registry recorded before this checkpoint: from the checkpoint
             last = con.execute('SELECT row FROM evals WHERE run = ? ORDER BY seq DESC LIMIT 1', (run_id,)).fetchone()
             con.execute(
                 "UPDATE runs SET status = 'running', message = NULL, ended = NULL, heartbeat = ?, beat_every = ?, "
@@ -337,10 +338,7 @@ class Tracker(Callback):
             )
             return False
         run_id = self._insert(con, uid, resumes=1)
-        for seq, row in enumerate(history[:rows]):
-            con.execute(
-                'INSERT INTO evals (run, seq, step, row) VALUES (?, ?, ?, ?)', (run_id, seq, row['step'], as_json(row))
-            )
+        self._fill(con, run_id, rows)
         con.execute(
             'UPDATE runs SET best_value = ?, best_step = ?, final = ? WHERE id = ?',
             (*state['best'], as_json(history[rows - 1]) if rows else None, run_id),
@@ -351,6 +349,14 @@ class Tracker(Callback):
         )
         self.run_id, self.uid, self._rows, self._best = run_id, uid, rows, tuple(state['best'])
         return True
+
+    def _fill(self, con, run_id, rows):
+        "Write the first `rows` history rows of the run from the checkpoint's history, where the registry lacks them."
+        held = con.execute('SELECT count(*) FROM evals WHERE run = ?', (run_id,)).fetchone()[0]
+        for seq, row in enumerate(self.learn.recorder.history[held:rows], held):
+            con.execute(
+                'INSERT INTO evals (run, seq, step, row) VALUES (?, ?, ?, ?)', (run_id, seq, row['step'], as_json(row))
+            )
 
     def _mine(self, row):
         "Is the registry row (study, config) a run this Tracker may continue: of its study, and its trial if it has one?"

@@ -43,3 +43,24 @@ def one_process_group_at_a_time(request, tmp_path_factory):
     with open(run_folder / 'process-groups.lock', 'w') as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+@pytest.fixture(scope='session')
+def postgres_server():
+    "A real PostgreSQL server for this pytest process (tests/postgres.py), stopped at the end."
+    pytest.importorskip('psycopg', reason="the PostgreSQL registry needs psycopg: pip install -e '.[dev]'")
+    from postgres import Server
+
+    server = Server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=['sqlite', 'postgresql'])
+def registry(request, tmp_path):
+    "A factory of new, empty registries: SQLite files, or databases on a real PostgreSQL server (both, by parameter)."
+    if request.param == 'sqlite':
+        count = iter(range(10**6))
+        return lambda: tmp_path / f'registry-{next(count)}' / 'runs.db'
+    server = request.getfixturevalue('postgres_server')
+    return server.database

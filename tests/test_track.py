@@ -1,4 +1,4 @@
-"""The experiment registry across processes: killed, failed and stopped runs told apart; four concurrent writers;
+"""The experiment registry across processes, on SQLite and on a real PostgreSQL server (the `registry` fixture): killed, failed and stopped runs told apart; four concurrent writers;
 kill-and-resume continuing the same run (Tracker and MLflow); one row under DDP; the command line; the notebook path
 a real Jupyter server gives its kernel."""
 
@@ -43,8 +43,8 @@ class EndAt(Callback):
 
 
 @pytest.mark.slow  # a worker process killed mid-fit
-def test_killed_failed_stopped_and_finished_runs_are_told_apart(tmp_path):
-    db = tmp_path / 'runs.db'
+def test_killed_failed_stopped_and_finished_runs_are_told_apart(registry):
+    db = registry()
     synth_learner(cbs=[Tracker(db, notes='finished')]).fit(2)
     for error in (RuntimeError('out of memory'), CancelFitException('patience ran out'), KeyboardInterrupt()):
         try:
@@ -70,8 +70,8 @@ def test_killed_failed_stopped_and_finished_runs_are_told_apart(tmp_path):
 
 
 @pytest.mark.slow  # four worker processes
-def test_four_concurrent_writers_lose_nothing(tmp_path):
-    db, gate = tmp_path / 'shared' / 'runs.db', tmp_path / 'go'
+def test_four_concurrent_writers_lose_nothing(registry, tmp_path):
+    db, gate = registry(), tmp_path / 'go'
     # a new database (four processes race to create it); heartbeats every 5 ms on top of a row per step; tags edited
     procs = [
         worker(
@@ -102,7 +102,7 @@ def test_four_concurrent_writers_lose_nothing(tmp_path):
 
 
 @pytest.mark.slow  # three worker processes, one killed
-def test_resume_after_sigkill_continues_the_same_run(tmp_path):
+def test_resume_after_sigkill_continues_the_same_run(registry, tmp_path):
     pytest.importorskip('mlflow')
     from mlflow.tracking import MlflowClient
 
@@ -112,16 +112,17 @@ def test_resume_after_sigkill_continues_the_same_run(tmp_path):
         client.create_experiment(name, artifact_location=str(tmp_path / 'artifacts' / name))
 
     common = dict(eval_every=1, epochs=3, mlflow=uri, beat_every=0.2)
+    straight_db, killed_db = registry(), registry()
     finish(
         worker(
-            db=str(tmp_path / 'straight.db'),
+            db=str(straight_db),
             experiment='straight',
             checkpoints=str(tmp_path / 'ckpt-straight'),
             out=str(tmp_path / 'straight.json'),
             **common,
         )
     )
-    killed_db, folder = tmp_path / 'killed.db', str(tmp_path / 'ckpt-killed')
+    folder = str(tmp_path / 'ckpt-killed')
     proc = worker(db=str(killed_db), experiment='killed', checkpoints=folder, kill_at=9, **common)
     assert proc.wait(timeout=300) == -signal.SIGKILL
     (before,) = runs(killed_db, stale_after=3600)
@@ -139,7 +140,7 @@ def test_resume_after_sigkill_continues_the_same_run(tmp_path):
             **common,
         )
     )
-    straight, resumed = runs(tmp_path / 'straight.db'), runs(killed_db)
+    straight, resumed = runs(straight_db), runs(killed_db)
     assert len(resumed) == 1 and resumed[0].id == before.id  # the same run, no new one
     run, ref = resumed[0], straight[0]
     assert (run.status, run.resumes, run.message) == ('finished', 1, None)
@@ -174,9 +175,9 @@ def ddp_fit(db, uri):
 
 @pytest.mark.distributed
 @pytest.mark.skipif(not dist.is_available() or sys.platform != 'linux', reason='needs torch.distributed and fork')
-def test_ddp_writes_one_run(tmp_path):
+def test_ddp_writes_one_run(registry, tmp_path):
     has_mlflow = importlib.util.find_spec('mlflow') is not None
-    db, uri = tmp_path / 'runs.db', f'sqlite:///{tmp_path}/mlflow.db' if has_mlflow else None
+    db, uri = registry(), f'sqlite:///{tmp_path}/mlflow.db' if has_mlflow else None
     if has_mlflow:
         from mlflow.tracking import MlflowClient
 
