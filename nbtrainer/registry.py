@@ -482,7 +482,7 @@ def _connect_server(url, create, readonly):
         with database_errors(url):
             version = _server_version(con, url)
             if version is None and not create:
-                raise FileNotFoundError(f'no experiment registry on {url} yet: a Tracker makes one')
+                raise EmptyRegistry(f'no experiment registry on {url} yet: a Tracker makes one')
             if version is None:
                 _create_on_server(con, url)
             elif version > SCHEMA_VERSION:

@@ -407,12 +407,12 @@ class _ServerClaims:
 
     @contextlib.contextmanager
     def asking(self):
-        with contextlib.closing(connect(self.url)) as con:
+        with contextlib.closing(connect(self.url, create=True)) as con:
             con.execute('SELECT pg_advisory_lock(?)', (self._key('ask'),))
             yield
 
     def claim(self, number):
-        con = connect(self.url)
+        con = connect(self.url, create=True)
         if con.execute('SELECT pg_try_advisory_lock(?)', (self._key(number),)).fetchone()[0]:
             return con  # held until closed
         con.close()

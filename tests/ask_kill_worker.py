@@ -1,6 +1,6 @@
 """A tiny study for tests/test_study_kills.py, in a process of its own, that can kill itself at any write it makes.
 
-    python ask_kill_worker.py DB KILL_AT
+    python ask_kill_worker.py DB KILL_AT [FOLDER]
     python ask_kill_worker.py --serve        (lines of DB KILL_AT on stdin; see serve())
 
 Every write the study makes to Optuna's storage (a trial made, a parameter, a value, a state, an attribute) and every
@@ -37,25 +37,26 @@ class Places:
         self.passed += 1
 
 
-def study(db):
+def study(db, folder=None):
     def build(params):
         return synth_learner(n=32, bs=8, lr=params['lr'] * params['width'] / 5)
 
-    return Study(NAME, SPACE, build, trials=TRIALS, fit=FIT, db=db, seed=3, pruner=None, display=False)
+    return Study(NAME, SPACE, build, trials=TRIALS, fit=FIT, db=db, folder=folder, seed=3, pruner=None, display=False)
 
 
 def instrumented(places):
-    "Count the study's storage writes and the registry's transactions as places (see above)."
-    from optuna.storages import JournalStorage
+    "Count the study's storage writes (a journal's or a server's) and the registry's transactions as places (see above)."
+    from optuna.storages import JournalStorage, RDBStorage
 
-    for name in WRITES:
-        original = getattr(JournalStorage, name)
+    for storage in (JournalStorage, RDBStorage):
+        for name in WRITES:
+            original = getattr(storage, name)
 
-        def counted(self, *args, _original=original, **kwargs):
-            places.here()
-            return _original(self, *args, **kwargs)
+            def counted(self, *args, _original=original, **kwargs):
+                places.here()
+                return _original(self, *args, **kwargs)
 
-        setattr(JournalStorage, name, counted)
+            setattr(storage, name, counted)
     transaction = registry.transaction
 
     @contextlib.contextmanager
@@ -68,10 +69,10 @@ def instrumented(places):
         module.transaction = counted_transaction
 
 
-def run(db, kill_at):
+def run(db, kill_at, folder=None):
     places = Places(kill_at)
     instrumented(places)
-    study(db).run()
+    study(db, folder).run()
     return places.passed
 
 
@@ -101,5 +102,5 @@ if __name__ == '__main__':
     torch.set_num_threads(1)
     if sys.argv[1:] == ['--serve']:
         serve()
-    else:
-        print(run(sys.argv[1], int(sys.argv[2])))
+    else:  # DB KILL_AT [FOLDER]
+        print(run(sys.argv[1], int(sys.argv[2]), *sys.argv[3:]))

@@ -14,9 +14,9 @@ optuna = pytest.importorskip('optuna')
 from ask_kill_worker import NAME, TRIALS, study  # noqa: E402 - it imports optuna
 
 
-def outcome(db):
+def outcome(db, folder=None):
     "What a study ended with: its trials in Optuna, and its runs in the registry (less times and run identities)."
-    s = study(db)
+    s = study(db, folder)
     trials = [(t.number, t.state.name, t.params, t.values) for t in s.optuna_study().trials]
     found = s.runs()
     registry = [

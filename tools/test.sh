@@ -23,13 +23,21 @@ failures=()
 started=$SECONDS
 stage() { echo; echo "== $1 ($((SECONDS - started)) s in)"; }
 
-# The UI tests drive JupyterLab in Debian's Chromium (never `playwright install`: it downloads, and fails offline).
+# The UI tests drive JupyterLab in Debian's Chromium (never `playwright install`: it downloads, and fails offline), and
+# the registry's tests start a PostgreSQL server of their own (tests/postgres.py): Debian's packages, installed once.
+packages=()
 if ! $quick && ! command -v chromium >/dev/null && ! command -v google-chrome >/dev/null; then
+  packages+=(chromium chromium-driver)
+fi
+if ! $quick && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null; then
+  packages+=(postgresql)
+fi
+if [ "${#packages[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "== installing chromium for the UI tests"
-    apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null || failures+=("apt-get install chromium failed")
+    echo "== installing ${packages[*]} for the UI and registry tests"
+    apt-get update -qq && apt-get install -y -qq "${packages[@]}" >/dev/null || failures+=("apt-get install ${packages[*]} failed")
   else
-    failures+=("chromium is missing: run 'sudo apt-get install -y chromium chromium-driver' (the UI tests need it)")
+    failures+=("missing: run 'sudo apt-get install -y ${packages[*]}' (the UI and registry tests need them)")
   fi
 fi
 
