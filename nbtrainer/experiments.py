@@ -232,7 +232,31 @@ def runs(db='runs/experiments.db', study=None, stale_after=None, limit=1000, off
     where = ('WHERE study = ?', (study,)) if study is not None else ('', ())
     return read_runs(db, *where, stale_after=stale_after, limit=limit, offset=offset)
 
-# %% ../nbs/18b_experiments.ipynb #d3fb43a8
+# %% ../nbs/18b_experiments.ipynb #ac3c54a7
+def plain_text(text, width=None):
+    "`text` as matplotlib draws it verbatim (`$` escaped: no mathtext), on one line, cut to `width` characters with '…'."
+    text = ' '.join(str(text).split())
+    if width is not None and len(text) > width:
+        text = text[: width - 1] + '…'
+    return text.replace('$', r'\$')
+
+
+def legend_beside(fig, ax, width=36, fontsize='small'):
+    "The axes' legend right of them, labels wrapped at `width` characters (at most three lines), the axes narrowed to fit."
+    import textwrap
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    handles, labels = ax.get_legend_handles_labels()
+    wrapped = ['\n'.join(textwrap.wrap(plain_text(label, 3 * width), width)) for label in labels]
+    legend = ax.legend(handles, wrapped, fontsize=fontsize, loc='upper left', bbox_to_anchor=(1.02, 1), borderaxespad=0)
+    renderer = (fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)).get_renderer()
+    room = legend.get_window_extent(renderer).width / fig.dpi + 0.25  # inches, with a margin
+    if room > 0.5 * fig.get_figwidth():  # a long legend: a wider figure rather than no axes
+        fig.set_figwidth(2 * room)
+    fig.subplots_adjust(left=0.1, right=1 - room / fig.get_figwidth(), bottom=0.13, top=0.95)
+    return legend
+
+# %% ../nbs/18b_experiments.ipynb #7db86915
 _STATUS_COLORS = {
     'running': '#1f77b4',
     'finished': '#2ca02c',
@@ -425,12 +449,13 @@ class Runs(list):
             records.append(record)
         return pd.DataFrame(records, columns=None if records else ['id']).set_index('id')
 
-    def plot(self, metric='valid_loss', path=None):
-        "Overlay the runs' `metric` curves (history rows against steps; a fork's branch from its fork point); save a PNG to `path` if given."
+    def plot(self, metric='valid_loss', path=None, labels=None):
+        """Overlay the runs' `metric` curves (history rows against steps; a fork's branch from its fork point), each named
+        by its id and the config keys `labels` (by default those that vary); save a PNG to `path` if given."""
         from matplotlib.figure import Figure  # a bare Figure needs no GUI backend
 
         show_figures_inline()
-        histories, config = self.histories(), self.varying()
+        histories, config = self.histories(), self.varying() if labels is None else list(labels)
         fig = Figure(figsize=(8, 4))
         ax = fig.add_subplot()
         drawn, by_id = 0, {r.id: h for r, h in zip(self, histories)}
@@ -444,7 +469,7 @@ class Runs(list):
             ]
             if not points:
                 continue
-            label = ', '.join([f'run {r.id}', *(f'{k}={_fmt(r.config.get(k))}' for k in config)])
+            label = ', '.join([f'run {r.id}', *(f'{k}={_fmt(r.config.get(k))}' for k in config if k in r.config)])
             ax.plot(
                 [s for s, _ in points], [v for _, v in points], 'o-' if len(points) <= 30 else '-', ms=3, label=label
             )
@@ -453,9 +478,8 @@ class Runs(list):
             columns = sorted({k for h in histories for row in h for k in row})
             raise ValueError(f'no run has {metric!r} in its history (its columns: {columns})')
         ax.set_xlabel('step')
-        ax.set_ylabel(metric)
-        ax.legend(fontsize='small')
-        fig.subplots_adjust(left=0.1, right=0.97, bottom=0.13, top=0.95)
+        ax.set_ylabel(plain_text(metric))
+        legend_beside(fig, ax)
         if path is not None:
             fig.savefig(path, dpi=100)
         return fig

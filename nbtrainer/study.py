@@ -326,6 +326,8 @@ class TrialReport(Callback):
     def _report(self, rows):
         "Report the values of the rows the trial lacks (all of them, but on a resumed trial); True if any was new."
         new = False
+        if self.monitor is None:
+            return False  # several objectives: Optuna takes no intermediate values, and prunes nothing
         for row in rows:
             value = monitored_value(row, self.monitor)
             if value is None or row['step'] in self.reported:
@@ -419,6 +421,14 @@ class _ServerClaims:
         return None
 
 
+def _has_source(f):
+    try:
+        inspect.getsource(f)
+        return True
+    except (OSError, TypeError):
+        return False
+
+
 def _fitting_here():
     "A Learner of this process that is fitting now (in this thread or another), or None."
     from nbtrainer.parts import FitState
@@ -473,6 +483,79 @@ def _changes(kept, mine):
     return '; '.join(out)
 
 # %% ../nbs/19_study.ipynb #c0b1cf60
+def _objectives(monitor, mode):
+    "[(column, mode)] of a study: one column and 'min' or 'max', or a tuple of each (several objectives)."
+    monitors = (monitor,) if isinstance(monitor, str) else tuple(monitor)
+    modes = (mode,) * len(monitors) if isinstance(mode, str) else tuple(mode)
+    if not monitors or not all(isinstance(m, str) for m in monitors) or len(modes) != len(monitors):
+        raise ValueError(
+            f'monitor must be a column or a tuple of columns, and mode one mode each: got {monitor!r}, {mode!r}'
+        )
+    if any(m not in ('min', 'max') for m in modes):
+        raise ValueError(f"mode must be 'min' or 'max' (or a tuple of them), got {mode!r}")
+    return list(zip(monitors, modes))
+
+
+class Suggest:
+    "What a conditional space `space(s)` calls (see above); each call returns the trial's value of the parameter."
+
+    def __init__(self, trial):
+        self.trial, self.roles, self.fixed_values = trial, {}, {}
+
+    def _draw(self, name, param):
+        if not isinstance(name, str) or not _NAME.fullmatch(name) or name in _RESERVED:
+            raise ValueError(f'a parameter name must be an identifier other than {_RESERVED}, got {name!r}')
+        self.roles[name] = param.role
+        return self.trial._suggest(name, param.distribution())
+
+    def float(self, name, low, high, log=False, step=None, role='nuisance'):
+        return self._draw(name, Float(low, high, log=log, step=step, role=role))
+
+    def int(self, name, low, high, log=False, step=None, role='nuisance'):
+        return self._draw(name, Int(low, high, log=log, step=step, role=role))
+
+    def choice(self, name, choices, role='nuisance'):
+        return self._draw(name, Choice(choices, role=role))
+
+    def fixed(self, name, value):
+        self.fixed_values[name] = value
+        return value
+
+
+def _param_of(distribution, role):
+    "The `Param` an Optuna distribution is, with its role (a conditional space's parameters, read back)."
+    kind = type(distribution).__name__
+    if kind == 'CategoricalDistribution':
+        return Choice(list(distribution.choices), role=role)
+    step = None if distribution.step in (None, 1) or distribution.log else distribution.step
+    return (Float if kind == 'FloatDistribution' else Int)(
+        distribution.low, distribution.high, distribution.log, step, role
+    )
+
+
+def _feasible(values):
+    "A constraint's answer as Optuna's constraint values: `True` -> [0.0], `False` -> [1.0], numbers as they are."
+    if isinstance(values, bool):
+        return [0.0 if values else 1.0]
+    values = [float(v) for v in (values if isinstance(values, (list, tuple)) else [values])]
+    if not values or not all(math.isfinite(v) for v in values):
+        raise ValueError(f'constraints must give True/False or finite numbers (feasible when all <= 0), got {values}')
+    return values
+
+
+class _StatusColumns(Callback):
+    "Put the numbers the build keeps in `learn.status` under these names in every evaluation's row (study objectives)."
+
+    order = Order.RECORD + 1
+
+    def __init__(self, names):
+        self.eval_columns = list(names)
+
+    def after_validate(self):
+        if self.learn.evaluating:
+            self.learn.metric_values.update({n: float(self.learn.status[n]) for n in self.eval_columns})
+
+# %% ../nbs/19_study.ipynb #b87457a9
 class Study:
     """A hyperparameter search on Optuna: `trials` trials of `space`, each the Learner `build(params)` makes, trained
     with `learn.fit(**fit)` and recorded as a run of study `name` in the registry `db`. `Study(name, db=db)` reads."""
@@ -495,13 +578,17 @@ class Study:
         folder=None,
         display=None,
         direction=None,
+        constraints=None,
     ):
         if not isinstance(name, str) or not re.fullmatch(r'[A-Za-z0-9][A-Za-z0-9._-]*', name):
             raise ValueError(f'a study name must be a bare name (letters, digits, ".", "_", "-"), got {name!r}')
         if direction is not None:  # Optuna's name for it
-            mode = _mode_of(direction)
-        if mode not in ('min', 'max'):
-            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+            mode = tuple(map(_mode_of, direction)) if isinstance(direction, (list, tuple)) else _mode_of(direction)
+        objectives = _objectives(monitor, mode)
+        if len(objectives) > 1 and pruner not in (None, 'median'):
+            raise ValueError('a study of several objectives is not pruned (Optuna prunes on one): give pruner=None')
+        if constraints is not None and not callable(constraints):
+            raise TypeError(f'constraints must be a function of a row, got {constraints!r}')
         if isinstance(sampler, str) and sampler not in SAMPLERS:
             make_sampler(sampler, {})  # its clear error
         if isinstance(pruner, str) and pruner not in PRUNERS:
@@ -512,12 +599,22 @@ class Study:
         self.storage = _checked_storage(
             storage if storage is not None else self.db if on_server(self.db) else 'journal'
         )
-        self.monitor, self.mode, self.sampler, self.pruner = monitor, mode, sampler, pruner
+        self.monitor, self.mode, self.sampler = monitor, mode, sampler
+        self.pruner = None if len(objectives) > 1 else pruner
+        self.constraints, self._space_fn = constraints, None
         home = Path('runs') if on_server(self.db) else self.db.parent  # a server's study keeps its files here
         self.folder = Path(folder) if folder is not None else home / 'studies' / name
         if space is None:
             space, self.monitor, self.mode = self._space_from_registry()
-        self.space = check_space(space)
+        if callable(space) and not isinstance(space, dict):  # a conditional space: drawn trial by trial
+            if sampler == 'grid':
+                raise ValueError(
+                    "a grid needs its values up front: a conditional space takes sampler='qmc', 'tpe' or 'random'"
+                )
+            self._space_fn, space = space, {}
+        else:
+            space = check_space(space)
+        self._space = space
         if trials is None and sampler == 'grid':
             trials = math.prod(len(p.grid()) for p in self.searched.values())
         if build is not None:
@@ -533,17 +630,36 @@ class Study:
         self._learners = weakref.WeakSet()  # the Learners build() made for this study's trials: each must be new
 
     def _space_from_registry(self):
+        "The space, monitor and mode a study's trials recorded (a conditional space's: every parameter a trial drew)."
         found = runs(self.db, study=self.name, limit=None)
         trials = [r for r in found if isinstance(r.config.get('space'), dict) and _trial_number(r.config.get('trial'))]
-        trial = trials[0] if trials else None
-        if trial is None:
+        if not trials:
             raise ValueError(f'{self.db} has no trial of a study named {self.name!r}: give its space to start it')
-        try:
-            return {k: Param.from_dict(d) for k, d in trial.config['space'].items()}, trial.monitor, trial.mode
-        except (KeyError, TypeError, AttributeError, ValueError) as e:
-            raise ValueError(
-                f'the space of study {self.name!r} in {self.db} (run {trial.id}) is damaged: {e}'
-            ) from None
+        space = {}
+        for trial in reversed(trials):  # the oldest first: its order of the parameters
+            try:
+                space.update({k: Param.from_dict(d) for k, d in trial.config['space'].items()})
+            except (KeyError, TypeError, AttributeError, ValueError) as e:
+                raise ValueError(
+                    f'the space of study {self.name!r} in {self.db} (run {trial.id}) is damaged: {e}'
+                ) from None
+        monitor, mode = trials[0].config.get('objectives') or ([trials[0].monitor], [trials[0].mode])
+        return space, *((tuple(v) if len(v) > 1 else v[0]) for v in (monitor, mode))
+
+    @property
+    def space(self):
+        "The parameters: the space given; for a conditional space, every parameter its trials drew so far."
+        if self._space_fn is None:
+            return self._space
+        drawn = {}
+        for r in self.runs():
+            drawn.update({k: Param.from_dict(d) for k, d in r.config.get('space', {}).items()})
+        return drawn
+
+    @property
+    def objectives(self):
+        "[(column, mode)]: one objective, or several."
+        return _objectives(self.monitor, self.mode)
 
     @property
     def searched(self):
@@ -555,10 +671,17 @@ class Study:
 
     def description(self):
         "What a study of this name keeps, and must keep to go on: space, objective, sampler, seed, pruner and fit."
+        space = {n: p.describe() for n, p in self._space.items()}
+        if self._space_fn is not None:  # a function: known by its name and its source
+            source = inspect.getsource(self._space_fn) if _has_source(self._space_fn) else self._space_fn.__qualname__
+            space = {
+                'function': self._space_fn.__qualname__,
+                'source': hashlib.sha256(source.encode()).hexdigest()[:16],
+            }
         return {
-            'space': {n: p.describe() for n, p in self.space.items()},
-            'monitor': self.monitor,
-            'mode': self.mode,
+            'space': space,
+            'monitor': list(self.monitor) if isinstance(self.monitor, tuple) else self.monitor,
+            'mode': list(self.mode) if isinstance(self.mode, tuple) else self.mode,
             'sampler': _label(self.sampler),
             'seed': self.seed,
             'pruner': _label(self.pruner),
@@ -597,7 +720,7 @@ class Study:
                 load_if_exists=True,
                 sampler=make_sampler(self.sampler, self.space, self.seed),
                 pruner=make_pruner(self.pruner),
-                direction={'min': 'minimize', 'max': 'maximize'}[self.mode],
+                directions=[{'min': 'minimize', 'max': 'maximize'}[m] for _, m in self.objectives],
             )
             mine, kept = json.loads(json.dumps(self.description())), study.user_attrs.get('nbtrainer')
             if kept is None:
@@ -643,12 +766,13 @@ class Study:
                 'results would change the trials. Wait for it (learn.wait_for_fit()), or run the study in a process '
                 'of its own'
             )
-        if self.mode == 'max' and self.monitor.endswith('loss'):
-            warnings.warn(
-                f"study {self.name!r} maximizes {self.monitor!r}: its best trial is the one with the highest loss. "
-                "mode='min' minimizes it",
-                stacklevel=2,
-            )
+        for column, mode in self.objectives:
+            if mode == 'max' and column.endswith('loss'):
+                warnings.warn(
+                    f"study {self.name!r} maximizes {column!r}: its best trial is the one with the highest loss. "
+                    "mode='min' minimizes it",
+                    stacklevel=2,
+                )
         self._stopping.clear()
         distributed = is_distributed() or int(os.environ.get('WORLD_SIZE', '1')) > 1  # a torchrun job
         if distributed:
@@ -702,8 +826,8 @@ class Study:
                 if claim is not None:
                     try:
                         trial = optuna.trial.Trial(study, t._trial_id)
-                        if set(t.params) != set(self.searched):  # its process died inside ask: ask for its point again
-                            self._suggest(trial)
+                        if self._space_fn is not None or set(t.params) != set(self.searched):  # it died in ask
+                            self._suggest(trial)  # its point asked for again: the parameters it has keep their values
                         return trial, t.number, self._stored_params(study._storage.get_trial(t._trial_id)), True, claim
                     except BaseException:
                         claim.close()
@@ -714,18 +838,26 @@ class Study:
             trial = study.ask()  # a trial, then its point: a process killed in between leaves it to be asked again
             self._suggest(trial)
             claim = claims.claim(trial.number)  # a new number: nobody holds it
-            return trial, trial.number, {**self.fixed, **trial.params}, False, claim
+            return trial, trial.number, self._stored_params(study._storage.get_trial(trial._trial_id)), False, claim
 
     def _suggest(self, trial):
         "Draw the trial's point from the sampler, parameter by parameter (a parameter it has keeps its value)."
-        for name, p in self.searched.items():
-            trial._suggest(name, p.distribution())
+        if self._space_fn is None:
+            for name, p in self.searched.items():
+                trial._suggest(name, p.distribution())
+            return
+        s = Suggest(trial)
+        self._space_fn(s)
+        if not s.roles:
+            raise ValueError('space(s) drew no parameter: call s.float, s.int or s.choice in it')
+        trial.set_user_attr('roles', s.roles)  # what the function said of each, and what it fixed
+        trial.set_user_attr('fixed', s.fixed_values)
 
     def _stored_params(self, trial):
         """The parameters a trial of the storage holds, with the fixed ones: each a parameter of the space, inside its
         range. A received study folder's journal may hold anything, and `build` must never see what the space excludes."""
         for name, value in trial.params.items():
-            p = self.searched.get(name)
+            p = self.searched.get(name) if self._space_fn is None else _param_of(trial.distributions[name], 'nuisance')
             try:
                 inside = p is not None and p.distribution()._contains(p.distribution().to_internal_repr(value))
             except (TypeError, ValueError):
@@ -736,7 +868,15 @@ class Study:
                     f'which {"is outside " + repr(p) if p is not None else "is not a parameter of its space"}: its '
                     f'storage ({self.folder}) was altered; refused'
                 )
-        return {**self.fixed, **trial.params}
+        return {**self.fixed, **trial.user_attrs.get('fixed', {}), **trial.params}
+
+    def _trial_space(self, trial, params):
+        "The parameters a trial's registry run records as its space: the study's, or those its conditional space drew."
+        if self._space_fn is None:
+            return self.description()['space']
+        roles = trial.user_attrs.get('roles', {}) if trial is not None else {}
+        space = {n: _param_of(trial.distributions[n], roles.get(n, 'nuisance')).describe() for n in trial.params}
+        return {**space, **{n: Fixed(v).describe() for n, v in params.items() if n not in space}}
 
     def _run_trial(self, trial, number, params, resumed, claim):
         "Seed, build and fit one trial (`trial` is None on a DDP trial's other ranks), then tell Optuna how it ended."
@@ -759,15 +899,33 @@ class Study:
                 return
             if isinstance(learn.fit_exception, TrialPruned):
                 return self._tell(trial, state='PRUNED')
-            value = tracker.run.best['value']
-            if value is None or not math.isfinite(value):
+            values = self._values(learn, tracker)
+            if values is None:
                 return self._tell(trial, state='FAIL')
-            self._tell(trial, value)
+            if self.constraints is not None:
+                feasible = _feasible(self.constraints(dict(learn.recorder.history[-1])))
+                with quiet_optuna(), warnings.catch_warnings():
+                    warnings.simplefilter('ignore')  # a trial resumed after its constraint was set: kept as set
+                    for i, value in enumerate(feasible):
+                        trial.set_constraint(f'constraint {i}', value)
+                if any(v > 0 for v in feasible):
+                    tracker.run.tag('infeasible')
+            self._tell(trial, values[0] if len(values) == 1 else values)
         finally:
             if claim is not None:
                 claim.close()
             for listener in list(self.listeners):
                 listener()
+
+    def _values(self, learn, tracker):
+        "The trial's values: its best monitored value (one objective), or its last evaluation's (several); None: none."
+        if len(self.objectives) == 1:
+            values = [tracker.run.best['value']]
+        else:
+            row = learn.recorder.history[-1] if learn.recorder.history else {}
+            values = [monitored_value(row, column) for column, _ in self.objectives]
+        ok = all(isinstance(v, (int, float)) and math.isfinite(v) for v in values)
+        return [float(v) for v in values] if ok else None
 
     def _fit_trial(self, trial, number, params, resumed):
         "The trial's Learner, with the study's callbacks, after its fit; and its Tracker."
@@ -801,18 +959,33 @@ class Study:
             self.db,
             study=self.name,
             notes=f'trial {number}',
-            monitor=self.monitor,
-            mode=self.mode,
-            config={'trial': number, 'space': self.description()['space']},
+            monitor=self.objectives[0][0],
+            mode=self.objectives[0][1],
+            config={
+                'trial': number,
+                'space': self._trial_space(trial, params),
+                'objectives': [list(o) for o in zip(*self.objectives)],
+            },
             proposed=params,  # recorded as trained; the proposal beside it where the Learner trained at another value
         )
         uid = self._run_of(trial, number) if resumed else None
         if uid is not None:  # taken over before a checkpoint: its run goes on (a checkpoint's state replaces this)
             tracker.load_state_dict({'run': None, 'uid': uid, 'rows': 0, 'best': [None, None]})
         checkpointer = Checkpointer(
-            folder, every_eval=True, keep_last=1, keep_best=1, monitor=self.monitor, mode=self.mode
+            folder, every_eval=True, keep_last=1, keep_best=1, monitor=self.objectives[0][0], mode=self.objectives[0][1]
         )
-        added = learn.add_cbs([tracker, checkpointer, TrialReport(trial, self.monitor, self._stopping, self.listeners)])
+        columns = learn.evaluation_columns()
+        from_status = [
+            c for c, _ in self.objectives if c not in columns and monitored_value(dict.fromkeys(columns), c) is None
+        ]
+        missing = [c for c in from_status if not isinstance(learn.status.get(c), (int, float))]
+        if missing:
+            raise ValueError(
+                f'the study optimizes {missing}, which is neither a column of the evaluations ({sorted(columns)}) nor '
+                "a number the build put in learn.status (learn.status['n_params'] = ...)"
+            )
+        report = TrialReport(trial, self.monitor if len(self.objectives) == 1 else None, self._stopping, self.listeners)
+        added = learn.add_cbs([tracker, checkpointer, report, *([_StatusColumns(from_status)] if from_status else [])])
         try:
             learn.fit(**self.fit, resume=True if resumed else None)
         finally:
@@ -868,7 +1041,7 @@ class Study:
             return wait()  # a script: asyncio.run(study.run_async())
         return loop.create_task(wait())
 
-# %% ../nbs/19_study.ipynb #32298125
+# %% ../nbs/19_study.ipynb #82e69f14
 _RESUMED = (STOP_MESSAGE, 'KeyboardInterrupt')  # the messages of trials the study left to resume, not ended
 
 
@@ -880,13 +1053,26 @@ def _complete(run):
 @patch_to(Study)
 def ranked(self, found=None):
     "The runs of the complete trials (not pruned, stopped by the study, failed or running), best first."
-    complete = [r for r in (self.runs() if found is None else found) if _complete(r) and r.best['value'] is not None]
-    return Runs(sorted(complete, key=lambda r: r.best['value'], reverse=self.mode == 'max'))
+    complete = [
+        r
+        for r in (self.runs() if found is None else found)
+        if _complete(r) and r.best['value'] is not None and 'infeasible' not in r.tags
+    ]
+    return Runs(sorted(complete, key=lambda r: r.best['value'], reverse=self.objectives[0][1] == 'max'))
+
+
+@patch_to(Study, as_prop=True)
+def pareto(self):
+    "The registry runs of the trials on the Pareto front (Optuna's `best_trials`: feasible, beaten on no objective)."
+    numbers = {t.number for t in self.optuna_study().best_trials}
+    return Runs(r for r in self.runs() if r.config['trial'] in numbers)
 
 
 @patch_to(Study, as_prop=True)
 def best(self):
-    "The registry run of the best complete trial."
+    "The registry run of the best complete trial (one objective; several: `study.pareto`)."
+    if len(self.objectives) > 1:
+        raise ValueError(f'study {self.name!r} has several objectives, so no single best: study.pareto is its front')
     ranked = self.ranked()
     if not ranked:
         raise ValueError(f'study {self.name!r} has no complete trial yet')
@@ -960,32 +1146,38 @@ def _sparkline(points, scale, span, width=90, height=18):
         f'<polyline points="{line}" fill="none" stroke="currentColor" stroke-width="1.2"/></svg>'
     )
 
-# %% ../nbs/19_study.ipynb #93863abd
+# %% ../nbs/19_study.ipynb #04fd8001
 @patch_to(Study)
 def table(self, found=None):
     "The study's table: (column names, rows), a row per trial by number, each with its curve of the monitored value."
     found = self.runs() if found is None else found
-    best = next(iter(self.ranked(found)), None)
+    several = len(self.objectives) > 1
+    front = {r.id for r in self.pareto} if several and found else set()
+    best = None if several else next(iter(self.ranked(found)), None)
     rows = []
     for r in found:
-        values = [(row['step'], monitored_value(row, self.monitor)) for row in r.history]
+        values = [(row['step'], monitored_value(row, self.objectives[0][0])) for row in r.history]
         status = 'stopped (resumes)' if r.status == 'stopped' and r.message in _RESUMED else r.status
         rows.append(
             {
                 'trial': r.config['trial'],
                 'status': status,
                 **{n: r.config.get(n) for n in self.searched},
-                f'best {self.monitor}': r.best['value'],
-                'at step': r.best['step'],
+                **(
+                    {c: (r.final or {}).get(c) for c, _ in self.objectives}
+                    if several
+                    else {f'best {self.monitor}': r.best['value'], 'at step': r.best['step']}
+                ),
                 'run': r.id,
                 'curve': [(s, v) for s, v in values if isinstance(v, (int, float))],
-                'best': r is best,
+                'best': r is best or r.id in front,
                 'message': r.message,
             }
         )
-    return ['trial', 'status', *self.searched, f'best {self.monitor}', 'at step', 'run', 'curve'], rows
+    scores = [c for c, _ in self.objectives] if several else [f'best {self.monitor}', 'at step']
+    return ['trial', 'status', *self.searched, *scores, 'run', 'curve'], rows
 
-# %% ../nbs/19_study.ipynb #04fd8001
+# %% ../nbs/19_study.ipynb #1f2aa68a
 @patch_to(Study)
 def _repr_html_(self):
     columns, rows = self.table()
@@ -1010,7 +1202,7 @@ def _repr_html_(self):
     of = f' of {self.trials}' if self.trials else ''
     caption = (
         f'study {self.name}: {len(rows)} trials, {done} finished or pruned{of}; the best in bold; '
-        f'curves: {self.monitor} by step'
+        f'curves: {self.objectives[0][0]} by step'
     )
     head = ''.join(f'<th style="text-align:left">{html.escape(c)}</th>' for c in columns)
     return (
@@ -1033,7 +1225,7 @@ def __repr__(self):
     line = lambda cs: '  '.join(c.ljust(w) for c, w in zip(cs, widths)).rstrip()
     return '\n'.join([line(shown), line(['-' * w for w in widths]), *map(line, cells)])
 
-# %% ../nbs/19_study.ipynb #1f2aa68a
+# %% ../nbs/19_study.ipynb #dd5a5037
 class StudyDisplay:
     "The study's table as it runs: a widget with Stop in Jupyter (then a static table), a line per trial in a terminal."
 
@@ -1099,12 +1291,11 @@ class StudyDisplay:
             if quiet:
                 continue
             params = printable(' '.join(f'{n}={_cell(row[n])}' for n in self.study.searched))
-            value = _cell(row[f'best {self.study.monitor}'])
-            print(
-                f"trial {row['trial']} {row['status']}: best {self.study.monitor} {value} "
-                f"at step {_cell(row['at step'])}; {params}",
-                flush=True,
-            )
+            if len(self.study.objectives) > 1:
+                scores = ', '.join(f'{c} {_cell(row[c])}' for c, _ in self.study.objectives)
+            else:
+                scores = f"best {self.study.monitor} {_cell(row[f'best {self.study.monitor}'])} at step {_cell(row['at step'])}"
+            print(f"trial {row['trial']} {row['status']}: {printable(scores)}; {params}", flush=True)
 
     def close(self):
         if self.update in self.study.listeners:
@@ -1117,7 +1308,7 @@ class StudyDisplay:
         else:
             self.update(final=True)
 
-# %% ../nbs/19_study.ipynb #dbf33eff
+# %% ../nbs/19_study.ipynb #e2e81b99
 def _x(p, v):
     return str(v) if p.kind == 'choice' else v  # choices on a categorical axis
 
@@ -1176,7 +1367,7 @@ def _scatter(self, ax, name, found, complete):
     if p.log:
         ax.set_xscale('log')
     ax.set_xlabel(name)
-    ax.set_ylabel(self.monitor)
+    ax.set_ylabel(self.objectives[0][0])
 
 
 @patch_to(Study)
@@ -1188,7 +1379,7 @@ def plot_isolation(self, params=None, bins=None, path=None):
     complete = self.ranked(found)
     if not complete:
         raise ValueError(f'study {self.name!r} has no complete trial to plot')
-    pick = min if self.mode == 'min' else max
+    pick = min if self.objectives[0][1] == 'min' else max
     fig, axes = _figure(len(params))
     for ax, name in zip(axes, params):
         p = self.space[name]
@@ -1200,7 +1391,7 @@ def plot_isolation(self, params=None, bins=None, path=None):
         ax.legend(fontsize='small')
     return _finish(fig, path)
 
-# %% ../nbs/19_study.ipynb #3b1e449d
+# %% ../nbs/19_study.ipynb #84ad6f41
 @patch_to(Study)
 def near_bounds(self, top=3, margin=0.1):
     """The searched numeric parameters where one of the `top` best trials lies within `margin` of a bound (a share of
@@ -1254,4 +1445,31 @@ def plot_curves(self, top=3, metric=None, path=None):
     best = self.ranked()[:top]
     if not best:
         raise ValueError(f'study {self.name!r} has no complete trial to plot')
-    return best.plot(metric or self.monitor, path=path)
+    scientific = [n for n, p in self.searched.items() if p.role == 'scientific'] or list(self.searched)
+    return best.plot(metric or self.objectives[0][0], path=path, labels=scientific)  # named by what the study searched
+
+# %% ../nbs/19_study.ipynb #5a8481d6
+@patch_to(Study)
+def plot_pareto(self, path=None):
+    "Every complete trial's first two objectives, the Pareto front's trials joined and starred; a PNG to `path` if given."
+    if len(self.objectives) < 2:
+        raise ValueError(f'study {self.name!r} has one objective: plot_pareto draws two or more')
+    (x, x_mode), (y, y_mode) = self.objectives[:2]
+    found, front = self.runs(), {r.id for r in self.pareto}
+    points = [
+        (r.final[x], r.final[y], r.id in front)
+        for r in found
+        if _complete(r)
+        and isinstance((r.final or {}).get(x), (int, float))
+        and isinstance(r.final.get(y), (int, float))
+    ]
+    if not points:
+        raise ValueError(f'study {self.name!r} has no complete trial to plot')
+    fig, (ax,) = _figure(1)
+    ax.plot([p[0] for p in points], [p[1] for p in points], 'o', color='tab:gray', alpha=0.6, ms=5, label='trials')
+    best = sorted((px, py) for px, py, on in points if on)
+    ax.plot([p[0] for p in best], [p[1] for p in best], '*-', color='tab:red', ms=12, label=f'front ({len(best)})')
+    ax.set_xlabel(f'{x} ({x_mode})')
+    ax.set_ylabel(f'{y} ({y_mode})')
+    ax.legend(fontsize='small')
+    return _finish(fig, path)

@@ -601,7 +601,8 @@ def test_a_received_studys_trial_never_takes_over_an_unrelated_run(tmp_path):
                   db=db, display=False)  # fmt: skip
     storage = study.optuna_study()
     trial = storage.ask({'lr': study.searched['lr'].distribution()})
-    trial.set_user_attr('run', runs(db)[0].id)  # a crafted journal: "this trial is that run"
+    trial.set_user_attr('run', runs(db)[0].id)  # a crafted journal: "this trial is that run", by id and by UUID
+    trial.set_user_attr('run_uid', runs(db)[0].uid)
     with pytest.warns(UserWarning, match='belongs to another study or trial'):
         study.run()
     assert runs(db, study=None)[-1].history == history and runs(db)[-1].notes == 'my own run'
