@@ -97,6 +97,17 @@ def test_registries_merge_by_uuid_across_back_ends(postgres_server, tmp_path, di
     assert branch.parent['uid'] == next(r.uid for r in runs(source) if r.parent is None and r.notes == 'a branch')
     assert by_uid[branch.parent['uid']].id == branch.parent['run']  # renumbered to its id here
     assert merge(into, source) == (0, 0) and branch_parent.uid in by_uid
+    third = tmp_path / 'third' / 'runs.db'  # the command line: each source in turn, into a new file
+    out = subprocess.run(
+        [BIN / 'nbtrainer-runs', 'merge', str(third), str(into), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and ': 5 runs added, 0 updated' in out.stdout and ': 0 runs added' in out.stdout, (
+        out.stderr
+    )
+    assert sorted(r.uid for r in runs(third)) == sorted(r.uid for r in merged)
 
 
 def test_a_server_with_objects_nbtrainer_does_not_make_is_refused(postgres_server):
