@@ -186,7 +186,7 @@ def test_crafted_rows_get_one_clear_error(tmp_path):
     shutil.copy(tmp_path / 'home' / 'ckpt' / 'eval-12.pt', tmp_path / 'home' / 'elsewhere' / 'eval-12.pt')
     by_id = {r.id: r for r in runs(db)}
     assert by_id[2].fork(12)['progress']['step'] == 12
-    raises(lambda: by_id[3].fork(12), "holds run 1's state at step 12, not run 3's")
+    raises(lambda: by_id[3].fork(12), 'holds the state of another run at step 12 (run 1 where', "not run 3's")
 
 
 def test_a_crafted_tracker_state_is_refused():
