@@ -6,7 +6,8 @@ Docs: https://nbtrainer.github.io/nbtrainer/testing.html.md"""
 
 # %% auto #0
 __all__ = ['raises', 'same_weights', 'max_diff', 'same_state', 'same_history', 'classification_data', 'tiny_classifier',
-           'synth_learner', 'Keyword', 'padded_batches', 'hand_written_fit', 'wait_for', 'async_wait_for', 'HoldAt']
+           'synth_learner', 'Keyword', 'padded_batches', 'hand_written_fit', 'wait_for', 'async_wait_for', 'HoldAt',
+           'operate']
 
 # %% ../nbs/98_testing.ipynb #f5e9dead
 import asyncio, threading, time
@@ -291,3 +292,30 @@ class HoldAt(Callback):
 
     def __exit__(self, *exc):
         self.release()
+
+# %% ../nbs/98_testing.ipynb #c99f8003
+def operate(act, cleanup=None, timeout=120):
+    """Run `act()` in another thread, then `cleanup()` however it ended; returns a function that waits for the thread
+    (at most `timeout` s) and raises what `act` raised."""
+    failed = []
+
+    def run():
+        try:
+            act()
+        except BaseException as e:
+            failed.append(e)
+        finally:
+            if cleanup is not None:
+                cleanup()
+
+    thread = threading.Thread(target=run, name='nbtrainer-operator', daemon=True)
+    thread.start()
+
+    def done():
+        thread.join(timeout)
+        if thread.is_alive():
+            raise TimeoutError(f'the operator thread ({getattr(act, "__name__", act)}) ran for over {timeout} s')
+        if failed:
+            raise failed[0]
+
+    return done
