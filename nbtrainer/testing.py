@@ -274,13 +274,28 @@ class HoldAt(Callback):
     def after_fit(self):
         self.ended.set()
 
+    def _waits(self):
+        "What `wait` polls for, what it says, and the check once the wait is over."
+        where = lambda: f'the fit is at step {getattr(self.learn, "step", None)}'
+
+        def check():
+            if not self.reached.is_set():
+                raise AssertionError(f'the fit ended before step {self.step}: {where()} ({self.learn.fit_outcome})')
+
+        return (lambda: self.reached.is_set() or self.ended.is_set(), f'the fit to reach step {self.step}',
+                self.timeout, where), check  # fmt: skip
+
     def wait(self):
         "In the test's thread: return once the loop is held at `step`; fail if the fit ends first, or after `timeout`."
-        where = lambda: f'the fit is at step {getattr(self.learn, "step", None)}'
-        wait_for(lambda: self.reached.is_set() or self.ended.is_set(), f'the fit to reach step {self.step}',
-                 self.timeout, seen=where)  # fmt: skip
-        if not self.reached.is_set():
-            raise AssertionError(f'the fit ended before step {self.step}: {where()} ({self.learn.fit_outcome})')
+        (condition, what, timeout, seen), check = self._waits()
+        wait_for(condition, what, timeout, seen=seen)
+        check()
+
+    async def wait_async(self):
+        "`wait` in a cell that awaits (the fit in `fit_async`): the event loop runs meanwhile; `async with hold:` too."
+        (condition, what, timeout, seen), check = self._waits()
+        await async_wait_for(condition, what, timeout, seen=seen)
+        check()
 
     def release(self):
         "Let the held loop go on."
@@ -291,6 +306,13 @@ class HoldAt(Callback):
         return self
 
     def __exit__(self, *exc):
+        self.release()
+
+    async def __aenter__(self):
+        await self.wait_async()
+        return self
+
+    async def __aexit__(self, *exc):
         self.release()
 
 # %% ../nbs/98_testing.ipynb #c99f8003
