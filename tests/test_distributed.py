@@ -660,7 +660,7 @@ def test_package_level_launch_and_light_import():
         'import sys, torch; before = set(sys.modules); import nbtrainer.distributed; '
         'print(" ".join(set(sys.modules) - before))'
     )
-    loaded = set(subprocess.check_output([sys.executable, '-c', script], text=True).split())
+    loaded = set(subprocess.check_output([sys.executable, '-c', script], text=True, timeout=300).split())
     assert not [m for m in ('matplotlib', 'ipywidgets', 'tqdm.auto', 'tensorboard', 'IPython') if m in loaded]
 
 
