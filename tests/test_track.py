@@ -261,7 +261,9 @@ def test_the_notebook_path_from_a_real_jupyter_server(tmp_path):
         wait_for(connection.exists, f'the kernel connection file {connection}', every=0.05)
         client = BlockingKernelClient(connection_file=str(connection))
         client.load_connection_file()
-        client.start_channels()
+        # no heartbeat channel: its 1 s time-to-dead reads a kernel busy starting on a loaded machine as dead; the
+        # kernel_info replies wait_for_ready reads, with its deadline, say it is alive
+        client.start_channels(hb=False)
         client.wait_for_ready(timeout=120)
         printed = []
         client.execute_interactive(
