@@ -211,9 +211,12 @@ def control(dash, label):
 
 
 def steps_shown(dash):
-    "(the status line's step, the live figure's last step) of a dashboard, at the same moment."
-    return dash.evaluate('''d => [parseInt(d.querySelector('.nbtrainer-status').innerText.match(/step (\\d+)/)[1]),
-                                    parseInt(d.querySelector('.nbtrainer-figure').dataset.step)]''')
+    """(the status line's step, the live figure's last step) of a dashboard, at the same moment (one turn of the page);
+    again while a live output is being replaced."""
+    read = lambda: dash.evaluate('''d => { const s = d.querySelector('.nbtrainer-status');
+        const f = d.querySelector('.nbtrainer-figure'), m = s && s.innerText.match(/step (\\d+)/);
+        return m && f && f.dataset.step ? [parseInt(m[1]), parseInt(f.dataset.step)] : null; }''')
+    return wait_for(read, 'the status line and the live figure shown together', timeout=60, every=0.05)
 
 
 def wait_for_status(page, dash, pattern, timeout=60):
@@ -228,13 +231,31 @@ def wait_for_status(page, dash, pattern, timeout=60):
 
 
 def pixel(page, selector):
-    "The RGB of pixel (3, 3) of the first image matching `selector`, and its natural and displayed widths."
-    return page.evaluate(
-        '''sel => { const img = document.querySelector(sel); const c = document.createElement('canvas');
-        c.width = 8; c.height = 8; const g = c.getContext('2d'); g.drawImage(img, 0, 0);
+    """The RGB of pixel (3, 3) of the first image matching `selector`, and its natural and displayed widths, read in one
+    turn of the page; again while the image is being replaced (a live output updated in place) or not decoded yet."""
+    read = lambda: page.evaluate(
+        '''sel => { const img = document.querySelector(sel);
+        if (!img || !img.complete || !img.naturalWidth || !img.getClientRects().length) return null;
+        const c = document.createElement('canvas'); c.width = 8; c.height = 8; const g = c.getContext('2d');
+        g.drawImage(img, 0, 0);
         return [Array.from(g.getImageData(3, 3, 1, 1).data).slice(0, 3), img.naturalWidth, img.getBoundingClientRect().width]; }''',
         selector,
     )
+    return wait_for(read, f'a decoded image {selector} on the page', timeout=60, every=0.05)
+
+
+def boxes(dash, **selectors):
+    """The bounding boxes of the first element matching each selector inside `dash`, read in one turn of the page (a
+    live output replaced between two reads has no box); again until every one is shown."""
+    read = lambda: dash.evaluate(
+        '''(d, sels) => { const out = {};
+        for (const [k, sel] of Object.entries(sels)) { const e = d.querySelector(sel);
+            if (!e || !e.getClientRects().length) return null; const r = e.getBoundingClientRect();
+            out[k] = {x: r.x, y: r.y, width: r.width, height: r.height}; }
+        return out; }''',
+        selectors,
+    )
+    return wait_for(read, f'{sorted(selectors)} shown together', timeout=60, every=0.05)
 
 
 def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
@@ -279,11 +300,11 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
             assert found['bars'] >= 2 and found['buttons'] == 3 and found['figure'] == 1, found
             assert len(frames) >= 2, 'the live figure did not change during the fit'
             assert found['table rows'] == 8  # the last 8 evaluations, however many ran
-            figure_box = dash.locator('.nbtrainer-figure').bounding_box()
-            table_box = dash.locator('.nbtrainer-history').first.bounding_box()
+            layout = boxes(dash, figure='.nbtrainer-figure', table='.nbtrainer-history', outputs='.jp-OutputArea')
+            figure_box, table_box = layout['figure'], layout['table']
             beside = figure_box['x'] + figure_box['width'] <= table_box['x'] + 1  # a wide page; else the table is below
             assert beside or figure_box['y'] + figure_box['height'] <= table_box['y'] + 1  # the figure first
-            measured['dashboard_height_px'] = dash.locator('.jp-OutputArea').bounding_box()['height']
+            measured['dashboard_height_px'] = layout['outputs']['height']
             assert measured['dashboard_height_px'] < 1100  # bars, controls, figure, 8 rows: it stops growing
             rgb, natural, shown = pixel(page, '.nbtrainer-figure')
             assert max(rgb) < 40 and natural == 2 * shown, (rgb, natural, shown)  # dark theme; 2x pixel density
