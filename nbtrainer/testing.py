@@ -194,7 +194,13 @@ def _check(condition, what, timeout, seen, process, deadline):
     value = condition()
     if value:
         return value, None
-    shown = lambda: seen() if seen is not None else repr(value)
+
+    def shown():
+        try:
+            return seen() if seen is not None else repr(value)
+        except Exception as e:  # what the report reads may be gone or broken: say so, the wait's own error still wins
+            return f'nothing readable ({type(e).__name__}: {e})'
+
     if process is not None and process.poll() is not None:
         value = condition()  # it may have come true just before the process ended
         if value:
