@@ -487,11 +487,12 @@ class Dashboard(Callback):
         "What a click does, from code: 'stop', 'pause' (Pause, or Resume while paused), 'save', or a step to fork at."
         if not self.boxes:
             raise ValueError('this fit has no controls: they come with learn.fit_async(...) and widgets')
-        box = self.boxes[0]
-        if isinstance(action, str):
-            box.actions.value = action  # as the front end sets it
-        else:
-            box.forks.value = action
+        with self._lock:  # from any thread: never while the training thread is changing the buttons (the fork choices)
+            box = self.boxes[0]
+            if isinstance(action, str):
+                box.actions.value = action  # as the front end sets it
+            else:
+                box.forks.value = action
 
     # ---- control handlers: main thread, they only set flags on the Controls ----
     def _on_action(self, action, toggle):

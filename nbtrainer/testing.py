@@ -6,14 +6,19 @@ Docs: https://nbtrainer.github.io/nbtrainer/testing.html.md"""
 
 # %% auto #0
 __all__ = ['raises', 'same_weights', 'max_diff', 'same_state', 'same_history', 'classification_data', 'tiny_classifier',
-           'synth_learner', 'Keyword', 'padded_batches', 'hand_written_fit']
+           'synth_learner', 'Keyword', 'padded_batches', 'hand_written_fit', 'wait_for', 'async_wait_for', 'HoldAt',
+           'operate']
 
 # %% ../nbs/98_testing.ipynb #f5e9dead
+import asyncio, threading, time
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+from .callback import Callback, Order
+from .clock import Clock
 from .core import Learner
 
 # %% ../nbs/98_testing.ipynb #19a3e0c5
@@ -167,3 +172,178 @@ def hand_written_fit(
                 for x, y in valid_dl:
                     model(x)
     return model
+
+# %% ../nbs/98_testing.ipynb #dbe162c8
+_REAL = Clock()  # deadlines are real seconds, also while a test drives a FakeClock
+
+
+def _tail(process):
+    "The end of an exited process's output, when the caller captured it."
+    if process.stdout is None:
+        return ''
+    try:
+        out = process.communicate(timeout=30)[0]
+    except Exception as e:
+        return f' (its output could not be read: {e})'
+    out = out.decode(errors='replace') if isinstance(out, bytes) else out or ''
+    return f'; its output ends:\n{out[-3000:]}'
+
+
+def _check(condition, what, timeout, seen, process, deadline):
+    "One look: the condition's value if true, None to look again, or the error that ends the wait."
+    value = condition()
+    if value:
+        return value, None
+
+    def shown():
+        try:
+            return seen() if seen is not None else repr(value)
+        except Exception as e:  # what the report reads may be gone or broken: say so, the wait's own error still wins
+            return f'nothing readable ({type(e).__name__}: {e})'
+
+    if process is not None and process.poll() is not None:
+        value = condition()  # it may have come true just before the process ended
+        if value:
+            return value, None
+        return None, AssertionError(
+            f'waiting for {what}: the process exited with code {process.returncode}; saw {shown()}{_tail(process)}'
+        )
+    if _REAL.now() > deadline:
+        return None, TimeoutError(f'waited {timeout} s for {what}; saw {shown()}')
+    return None, None
+
+
+def wait_for(condition, what, timeout=120, seen=None, process=None, every=0.005):
+    """Call `condition()` until it returns something true, and return that. After `timeout` real seconds (a ceiling far
+    above the time it takes) raise TimeoutError naming `what` was awaited and what `seen()` (else the last value) showed;
+    if `process` (a `subprocess.Popen`) exits first, an AssertionError with its exit code."""
+    deadline = _REAL.now() + timeout
+    while True:
+        value, error = _check(condition, what, timeout, seen, process, deadline)
+        if value:
+            return value
+        if error is not None:
+            raise error
+        time.sleep(every)
+
+
+async def async_wait_for(condition, what, timeout=120, seen=None, process=None, every=0.01):
+    "`wait_for` in a cell that awaits: it sleeps with `asyncio.sleep`, so the event loop runs meanwhile."
+    deadline = _REAL.now() + timeout
+    while True:
+        value, error = _check(condition, what, timeout, seen, process, deadline)
+        if value:
+            return value
+        if error is not None:
+            raise error
+        await asyncio.sleep(every)
+
+# %% ../nbs/98_testing.ipynb #137daa28
+class HoldAt(Callback):
+    """Holds the loop once, at the end of training step `step`, while another thread acts: `action` (run by the callback
+    in a thread of its own), or the block of a `with hold:` in the test's thread. Requests made then are carried out at
+    that step. Every wait has a deadline of `timeout` seconds and fails saying what it waited for."""
+
+    order = Order.CONTROL - 1  # the displays have shown the step; Controls carries out the requests after the hold
+
+    def __init__(self, step, action=None, timeout=120):
+        self.step, self.action, self.timeout = step, action, timeout
+        self.reached, self.released, self.ended = threading.Event(), threading.Event(), threading.Event()
+
+    def after_batch(self):
+        learn = self.learn
+        if not learn.training or learn.accumulating or learn.step != self.step or self.reached.is_set():
+            return
+        self.reached.set()
+        if self.action is not None:
+            return self._run_action()
+        if not self.released.wait(self.timeout):
+            raise TimeoutError(f'HoldAt: the fit was held at step {self.step} for {self.timeout} s and never released')
+
+    def _run_action(self):
+        failed = []
+
+        def act():
+            try:
+                self.action()
+            except BaseException as e:
+                failed.append(e)
+
+        thread = threading.Thread(target=act, name=f'nbtrainer-hold-at-{self.step}', daemon=True)
+        thread.start()
+        thread.join(self.timeout)
+        if thread.is_alive():
+            raise TimeoutError(f'HoldAt: the action at step {self.step} did not return within {self.timeout} s')
+        if failed:
+            raise failed[0]
+
+    def after_fit(self):
+        self.ended.set()
+
+    def _waits(self):
+        "What `wait` polls for, what it says, and the check once the wait is over."
+        where = lambda: f'the fit is at step {getattr(self.learn, "step", None)}'
+
+        def check():
+            if not self.reached.is_set():
+                raise AssertionError(f'the fit ended before step {self.step}: {where()} ({self.learn.fit_outcome})')
+
+        return (lambda: self.reached.is_set() or self.ended.is_set(), f'the fit to reach step {self.step}',
+                self.timeout, where), check  # fmt: skip
+
+    def wait(self):
+        "In the test's thread: return once the loop is held at `step`; fail if the fit ends first, or after `timeout`."
+        (condition, what, timeout, seen), check = self._waits()
+        wait_for(condition, what, timeout, seen=seen)
+        check()
+
+    async def wait_async(self):
+        "`wait` in a cell that awaits (the fit in `fit_async`): the event loop runs meanwhile; `async with hold:` too."
+        (condition, what, timeout, seen), check = self._waits()
+        await async_wait_for(condition, what, timeout, seen=seen)
+        check()
+
+    def release(self):
+        "Let the held loop go on."
+        self.released.set()
+
+    def __enter__(self):
+        self.wait()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    async def __aenter__(self):
+        await self.wait_async()
+        return self
+
+    async def __aexit__(self, *exc):
+        self.release()
+
+# %% ../nbs/98_testing.ipynb #c99f8003
+def operate(act, cleanup=None, timeout=120):
+    """Run `act()` in another thread, then `cleanup()` however it ended; returns a function that waits for the thread
+    (at most `timeout` s) and raises what `act` raised."""
+    failed = []
+
+    def run():
+        try:
+            act()
+        except BaseException as e:
+            failed.append(e)
+        finally:
+            if cleanup is not None:
+                cleanup()
+
+    thread = threading.Thread(target=run, name='nbtrainer-operator', daemon=True)
+    thread.start()
+
+    def done():
+        thread.join(timeout)
+        if thread.is_alive():
+            raise TimeoutError(f'the operator thread ({getattr(act, "__name__", act)}) ran for over {timeout} s')
+        if failed:
+            raise failed[0]
+
+    return done

@@ -39,9 +39,20 @@ def one_process_group_at_a_time(request, tmp_path_factory):
         return
     import fcntl
 
+    from nbtrainer.testing import wait_for
+
+    def taken(lock):
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+
     run_folder = tmp_path_factory.getbasetemp().parent  # each worker's base folder is in the run's
     with open(run_folder / 'process-groups.lock', 'w') as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        # the other worker's test holds it at most its time limit (pytest-timeout): a deadline far above that
+        wait_for(lambda: taken(lock), "the other pytest worker's process-group test to end (a lock)", timeout=1800,
+                 seen=lambda: 'the lock still held', every=0.1)  # fmt: skip
         yield
 
 

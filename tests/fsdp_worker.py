@@ -4,7 +4,8 @@
 
 Shuffled data, dropout, AdamW, clipping, a unit per Linear, a Checkpointer every 4 steps (sharded: folders). With
 --slow it sleeps 20 ms a batch and writes its pid to FOLDER/started-<rank> after step 10, so that a test can kill it
-mid-fit. At the end every rank takes part in gathering the whole weights and the predictions on fixed inputs, and in
+mid-fit, a few batches later, perhaps during a save; and after step 18 it waits for that kill (300 s at most, then it
+fails), so that a test slow to kill it still finds it mid-fit. At the end every rank takes part in gathering the whole weights and the predictions on fixed inputs, and in
 a last sharded save (FOLDER/last.pt, a folder); rank 0 saves FOLDER/final.pt (weights, predictions, step, history
 without times, and the step the fit started at).
 """
@@ -17,6 +18,9 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from nbtrainer import FSDP, Callback, Checkpointer, Learner
+from nbtrainer.testing import HoldAt
+
+KILLED_BY = 18  # the step where a --slow run waits to be killed: mid-epoch, after the saves of steps 12 and 16
 
 
 def make_model():
@@ -51,13 +55,19 @@ class Slow(Callback):
             (self.folder / f'started-{os.environ.get("RANK", "0")}').write_text(str(os.getpid()))  # to be killed
 
 
+def wait_to_be_killed():
+    time.sleep(300)  # sleeping consumes no randomness
+    raise TimeoutError(f'held at step {KILLED_BY} for 300 s: the test never killed this process')
+
+
 def main(folder, resume=False, slow=False, accumulate=1, precision='fp32'):
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
     ds = data()
     start = StartStep()
-    cbs = [Checkpointer(folder / 'checkpoints', every_steps=4, keep_last=2), start] + ([Slow(folder)] if slow else [])
+    cbs = [Checkpointer(folder / 'checkpoints', every_steps=4, keep_last=2), start]
+    cbs += [Slow(folder), HoldAt(KILLED_BY, wait_to_be_killed, timeout=600)] if slow else []
     learn = Learner(
         make_model(),
         DataLoader(ds, batch_size=8, shuffle=True),

@@ -4,7 +4,8 @@
 
 Shuffled data, dropout, Adam, a Checkpointer (every 1000 steps: only the preemption's checkpoint lands in the test's
 window) and a Tracker. With --slow it sleeps 20 ms a batch and touches FOLDER/started-<rank> after step 5, so that a
-test can signal it mid-fit. Rank 0 saves FOLDER/final.pt (weights, step, history without times) when the fit ends.
+test can signal it mid-fit; and after step 15 it waits for the signal (300 s at most, then it fails), so that a test
+slow to send it still finds it mid-fit. Rank 0 saves FOLDER/final.pt (weights, step, history without times) when the fit ends.
 """
 
 import os, sys, time
@@ -14,7 +15,10 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from nbtrainer import Callback, Checkpointer, Learner, Tracker
+from nbtrainer import Callback, Checkpointer, Learner, Preemption, Tracker
+from nbtrainer.testing import HoldAt, wait_for
+
+SIGNALLED_BY = 15  # the step where a --slow run waits for the test's signal
 
 
 class Slow(Callback):
@@ -26,6 +30,12 @@ class Slow(Callback):
         if self.learn.step >= 5 and not self.told:
             self.told = True
             (self.folder / f'started-{os.environ.get("RANK", "0")}').touch()
+
+
+def wait_for_the_signal(learn):
+    "The handler sets Preemption.received, in the main thread, which waits for this thread meanwhile."
+    preemption = next(cb for cb in learn.cbs if isinstance(cb, Preemption))
+    wait_for(lambda: preemption.received, f'the test to signal this process (held at step {SIGNALLED_BY})', timeout=300)
 
 
 def main(folder, resume=False, slow=False, accumulate=1):
@@ -45,8 +55,10 @@ def main(folder, resume=False, slow=False, accumulate=1):
         opt_func=torch.optim.Adam,
         accumulate=accumulate,
         progress=False,
-        cbs=cbs + ([Slow(folder)] if slow else []),
+        cbs=cbs,
     )
+    if slow:
+        learn.add_cbs([Slow(folder), HoldAt(SIGNALLED_BY, lambda: wait_for_the_signal(learn), timeout=600)])
     learn.fit(3, resume=resume)
     if learn.main_process:
         history = [{k: v for k, v in row.items() if k != 'time'} for row in learn.recorder.history]

@@ -8,7 +8,7 @@ SIGTERM; --hold-at waits at that step's after_batch until FOLDER/go exists (FOLD
 Writes FOLDER/final.pt (weights, step, history without times) when the fit returns.
 """
 
-import os, signal, sys, time
+import os, signal, sys
 from pathlib import Path
 
 import torch
@@ -16,6 +16,7 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from nbtrainer import Callback, Checkpointer, CSVLogger, EarlyStopping, Learner, Tracker
+from nbtrainer.testing import wait_for
 
 
 class At(Callback):
@@ -33,9 +34,9 @@ class At(Callback):
 
 
 def hold(folder):
+    "Tell the test the run is held (FOLDER/held), then wait for its go (FOLDER/go): 300 s at most, then fail."
     (folder / 'held').touch()
-    while not (folder / 'go').exists():
-        time.sleep(0.02)
+    wait_for((folder / 'go').exists, "the test's go (FOLDER/go)", timeout=300, every=0.02)
 
 
 def main(folder, resume=False, kill=None, term=None, hold_at=None):

@@ -17,6 +17,7 @@ from conftest import ROOT
 from nbtrainer import Callback, ConfusionMatrix, Learner, NonFiniteLossError, launch, rank, request_stop, world_size
 from nbtrainer.callback import dispatch_tables
 from nbtrainer.data import plain_model
+from nbtrainer.testing import wait_for
 
 pytestmark = [
     pytest.mark.distributed,
@@ -541,12 +542,11 @@ def killed_mid_fit():
     learn.fit(100)
 
 
+@pytest.mark.timeout(300)  # a deadline far above the few seconds it takes, far below the collective timeout
 def test_launch_stops_the_survivors_when_a_rank_dies():
-    start = time.perf_counter()
+    "A survivor left waiting in a collective would wait an hour: this test's time limit fails it, with its stack."
     with pytest.raises(RuntimeError, match='rank 1 exited with code -9'):
-        launch(killed_mid_fit, nprocs=2, timeout=600)  # a survivor left waiting in a collective would wait 600 s
-    waited = time.perf_counter() - start
-    assert waited < 300, f'launch() took {waited:.0f} s to stop the survivor of a killed rank (a few seconds expected)'
+        launch(killed_mid_fit, nprocs=2, timeout=3600)
 
 
 def test_a_killed_rank_makes_the_other_fail_within_the_timeout(tmp_path):
@@ -565,19 +565,19 @@ def test_a_killed_rank_makes_the_other_fail_within_the_timeout(tmp_path):
         for r in range(2)
     ]
     try:
-        deadline = time.time() + 120
-        while not (tmp_path / 'started-1').exists():  # rank 1 is training
-            assert time.time() < deadline and procs[0].poll() is None, 'rank 1 did not start training within 120 s'
-            time.sleep(0.05)
+
+        def rank_1_training():  # a 100-epoch fit: neither rank ends before it is killed
+            for r, p in enumerate(procs):
+                assert p.poll() is None, f'rank {r} ended with code {p.returncode} before rank 1 started training'
+            return (tmp_path / 'started-1').exists()
+
+        wait_for(rank_1_training, 'rank 1 to start training', timeout=300)
         procs[1].send_signal(signal.SIGKILL)
-        killed = time.perf_counter()
-        try:
-            code = procs[0].wait(timeout=400)
+        try:  # the timeout is 60 s, and a closed socket is usually noticed at once: a deadline far above, for a hang
+            code = procs[0].wait(timeout=300)
         except subprocess.TimeoutExpired:
-            raise AssertionError('rank 0 still ran 400 s after its peer was killed') from None
-        waited = time.perf_counter() - killed
-        # the timeout is 60 s, and a closed socket is usually noticed at once; the ceiling only catches a hang
-        assert code != 0 and waited < 300, f'rank 0 ended with code {code}, {waited:.0f} s after its peer was killed'
+            raise AssertionError('rank 0 still ran 300 s after its peer was killed (its timeout is 60 s)') from None
+        assert code != 0, f'rank 0 ended with code {code} after its peer was killed'
         assert 'Error' in procs[0].stderr.read()
     finally:
         for p in procs:
@@ -660,7 +660,7 @@ def test_package_level_launch_and_light_import():
         'import sys, torch; before = set(sys.modules); import nbtrainer.distributed; '
         'print(" ".join(set(sys.modules) - before))'
     )
-    loaded = set(subprocess.check_output([sys.executable, '-c', script], text=True).split())
+    loaded = set(subprocess.check_output([sys.executable, '-c', script], text=True, timeout=300).split())
     assert not [m for m in ('matplotlib', 'ipywidgets', 'tqdm.auto', 'tensorboard', 'IPython') if m in loaded]
 
 

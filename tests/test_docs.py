@@ -31,7 +31,7 @@ def stored_figures(path):
 @pytest.fixture(scope='module')
 def site(tmp_path_factory):
     out = tmp_path_factory.mktemp('docs')
-    subprocess.run([sys.executable, str(ROOT / 'tools' / 'render_docs.py'), '--out', str(out)], check=True)
+    subprocess.run([sys.executable, str(ROOT / 'tools' / 'render_docs.py'), '--out', str(out)], check=True, timeout=600)
     return out
 
 

@@ -1,7 +1,7 @@
 """Fine-tuning against references: freezing and EMA against a hand-written loop, across a SIGKILL and a resume and on
 2 DDP ranks; fp16's skipped steps left out of the EMA."""
 
-import signal, subprocess, sys, time
+import signal, subprocess, sys
 
 import pytest
 import torch
@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 from conftest import ROOT
 import finetune_worker as fw
 from nbtrainer import EMA, Callback, Learner, head_body, launch
+from nbtrainer.testing import wait_for
 
 WORKER = [sys.executable, str(ROOT / 'tests' / 'finetune_worker.py')]
 
@@ -72,14 +73,13 @@ def test_killed_after_the_unfreeze_and_resumed_equals_uninterrupted(tmp_path):
     "The script freezes at its start; the checkpoint's state (unfrozen), the EMA and the plateau's count win."
     subprocess.run(WORKER + [str(tmp_path / 'straight')], check=True, timeout=300)
     folder = tmp_path / 'killed'
-    proc = subprocess.Popen(WORKER + [str(folder), '--slow'])
-    deadline = time.time() + 120
-    while time.time() < deadline and not any(s > fw.UNFREEZE_AT + 4 for s in checkpoint_steps(folder)):
-        time.sleep(0.05)
-    time.sleep(0.13)
-    proc.send_signal(signal.SIGKILL)
+    proc = subprocess.Popen(WORKER + [str(folder), '--hold'])  # held after step 25, a step after a checkpoint
+    try:
+        wait_for((folder / 'held').exists, f'the worker to hold at step {fw.HOLD_AT}', timeout=300, process=proc)
+    finally:
+        proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL
-    assert fw.UNFREEZE_AT < checkpoint_steps(folder)[-1] < 52 and not (folder / 'final.pt').exists()
+    assert checkpoint_steps(folder)[-1] == 24 > fw.UNFREEZE_AT and not (folder / 'final.pt').exists()
     subprocess.run(WORKER + [str(folder), '--resume'], check=True, timeout=300)
     a, b = final(tmp_path / 'straight'), final(folder)
     assert a['step'] == b['step'] == 52 and a['frozen'] == b['frozen'] == 0

@@ -4,7 +4,7 @@ The workers start with `nbtrainer.distributed.launch` (fork), except the kill-an
 tests/fsdp_worker.py as torchrun would (environment variables) and kills it for real.
 """
 
-import math, os, signal, subprocess, sys, time
+import math, os, signal, subprocess, sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from conftest import ROOT
 from nbtrainer import FSDP, Callback, Checkpointer, Learner, launch, memory_per_rank, plain_checkpoint
 from nbtrainer.data import plain_model
+from nbtrainer.testing import wait_for
 from test_distributed import B, dataset, global_batches, hand_written, loader, make_model
 
 pytestmark = [
@@ -166,8 +167,17 @@ def run_worker(folder, *args):
     return torch.load(folder / 'final.pt', weights_only=True)
 
 
+def gone(pid):
+    "The process has exited (a zombie nobody reaped yet counts as gone)."
+    try:
+        return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0] == 'Z'
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
 def killed_mid_fit(folder, *args):
-    "Start the worker slowed down, and SIGKILL torchrun and both ranks once they are past step 10."
+    """Start the worker slowed down, and SIGKILL torchrun and both ranks once they are past step 10: a few batches
+    later, perhaps during a save (the worker waits to be killed at step 18 if the test is slow)."""
     proc = subprocess.Popen(
         TORCHRUN + [WORKER, str(folder), '--slow', *args],
         env=ENV,
@@ -176,17 +186,18 @@ def killed_mid_fit(folder, *args):
         stderr=subprocess.STDOUT,
         text=True,
     )
-    deadline = time.time() + 180
-    while not all((folder / f'started-{r}').exists() for r in range(2)):
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        assert time.time() < deadline, 'the worker never reached step 10'
-        time.sleep(0.05)
-    time.sleep(0.3)  # a few more batches, perhaps into a save
-    for r in range(2):
-        os.kill(int((folder / f'started-{r}').read_text()), signal.SIGKILL)  # no handler: a lost machine
-    os.killpg(proc.pid, signal.SIGKILL)  # and torchrun (its workers run in sessions of their own)
+    started = [folder / f'started-{r}' for r in range(2)]
+    try:
+        wait_for(lambda: all(p.exists() and p.read_text() for p in started), 'both ranks to pass step 10',
+                 timeout=300, seen=lambda: [p.name for p in started if p.exists()], process=proc)  # fmt: skip
+        pids = [int(p.read_text()) for p in started]
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)  # no handler: a lost machine
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # and torchrun (its workers run in sessions of their own)
     proc.wait(30)
-    time.sleep(0.5)
+    wait_for(lambda: all(gone(pid) for pid in pids), 'the killed ranks to be gone', timeout=60,
+             seen=lambda: [pid for pid in pids if not gone(pid)])  # fmt: skip
     assert not (folder / 'final.pt').exists()
 
 

@@ -1,7 +1,7 @@
 """A run folder from anyone (issue #31): crafted files never run code or touch anything outside their folder, with every
 loader the docs name; damaged files end as their documented fallback. These tests stay in the suite."""
 
-import hashlib, io, os, pickle, shutil, signal, subprocess, sys, time, warnings
+import hashlib, io, os, pickle, shutil, signal, subprocess, sys, warnings
 from pathlib import Path
 
 import pytest
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from nbtrainer import Checkpointer, CSVLogger, Learner, Tracker, plain_checkpoint, read_checkpoint, runs
-from nbtrainer.testing import classification_data, same_weights, tiny_classifier
+from nbtrainer.testing import classification_data, same_weights, tiny_classifier, wait_for
 
 STEPS_PER_EPOCH = 4  # 64 examples in batches of 16
 
@@ -449,10 +449,7 @@ def test_a_second_writer_leaves_the_first_runs_files_alone(tmp_path, uninterrupt
     folder = tmp_path / 'run'
     first = subprocess.Popen(WORKER + [str(folder), '--hold-at', '5'], env=ENV, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 300
-        while not (folder / 'held').exists():
-            assert first.poll() is None and time.monotonic() < deadline, 'the first run never reached step 5'
-            time.sleep(0.05)
+        wait_for((folder / 'held').exists, 'the first run to hold at step 5', timeout=300, process=first)
         files = tree(folder)  # the registry too: the worker's heartbeat is set not to beat while it is held
         for args in ((), ('--resume',)):
             second = worker(folder, *args)

@@ -8,7 +8,7 @@ HEAVY = ('matplotlib', 'ipywidgets', 'tqdm.auto', 'tqdm.notebook', 'tensorboard'
 def modules_after(code):
     "Modules that `code` imports beyond what `import torch` already did (torch itself imports plain tqdm)."
     script = 'import sys, torch; before = set(sys.modules); ' + code + '; print(" ".join(set(sys.modules) - before))'
-    return set(subprocess.check_output([sys.executable, '-c', script], text=True).split())
+    return set(subprocess.check_output([sys.executable, '-c', script], text=True, timeout=300).split())
 
 
 def test_the_package_imports_no_ui():

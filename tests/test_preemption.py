@@ -2,12 +2,13 @@
 ends as 'preempted' (the registry says so), the process exits with 143, and a resumed run ends bit-identical to an
 uninterrupted one (issue #18)."""
 
-import os, signal, subprocess, sys, time
+import os, signal, subprocess, sys
 
 import pytest
 import torch
 
 from conftest import ROOT
+from nbtrainer.testing import wait_for
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]  # torchrun, two ranks
 
@@ -18,14 +19,6 @@ TORCHRUN = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--np
 
 def final(folder):
     return torch.load(folder / 'final.pt', weights_only=True)
-
-
-def wait_for(paths, proc, timeout=180):
-    deadline = time.time() + timeout
-    while not all(p.exists() for p in paths):
-        assert proc.poll() is None, f'the worker ended before it was signalled: {proc.returncode}'
-        assert time.time() < deadline, 'the worker never reached step 5'
-        time.sleep(0.05)
 
 
 def preempted_then_resumed(tmp_path, launcher, ranks, accumulate):
@@ -39,7 +32,9 @@ def preempted_then_resumed(tmp_path, launcher, ranks, accumulate):
         stderr=subprocess.STDOUT,
         text=True,
     )
-    wait_for([folder / f'started-{r}' for r in range(ranks)], proc)
+    started = [folder / f'started-{r}' for r in range(ranks)]
+    wait_for(lambda: all(p.exists() for p in started), 'every rank to pass step 5 (it waits for the signal at 15)',
+             timeout=300, seen=lambda: [p.name for p in started if p.exists()], process=proc)  # fmt: skip
     proc.send_signal(signal.SIGTERM)
     output = proc.communicate(timeout=300)[0]
     assert not (folder / 'final.pt').exists(), output

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import ROOT
+from nbtrainer.testing import wait_for
 
 pytestmark = pytest.mark.slow  # worker processes that train, one killed
 
@@ -17,14 +18,14 @@ def final(folder):
 
 
 def kill_mid_run(folder):
-    "Start a slow run in `folder` and SIGKILL it somewhere mid-epoch, between checkpoints; returns when it started."
+    """Start a run in `folder` that holds mid-epoch, between checkpoints (after step 17: it says so in FOLDER/held), and
+    SIGKILL it there; returns when it started."""
     started = time.time()
-    proc = subprocess.Popen(WORKER + [str(folder), '--slow'])
-    deadline = time.time() + 120
-    while time.time() < deadline and len(list((folder / 'checkpoints').glob('step-*.pt'))) < 2:
-        time.sleep(0.05)
-    time.sleep(0.37)  # somewhere mid-epoch, between checkpoints
-    proc.send_signal(signal.SIGKILL)
+    proc = subprocess.Popen(WORKER + [str(folder), '--hold'])
+    try:
+        wait_for((folder / 'held').exists, 'the worker to hold at step 17', timeout=300, process=proc)
+    finally:
+        proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL
     return started
 
@@ -36,7 +37,7 @@ def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
     started = kill_mid_run(folder)
     assert not (folder / 'final.pt').exists()
     saved = sorted(int(p.stem.split('-')[1]) for p in (folder / 'checkpoints').glob('step-*.pt'))
-    assert saved and saved[-1] < 52  # 13 batches per epoch, 4 epochs: it really was cut short
+    assert saved[-1] == 16  # 13 batches per epoch, 4 epochs: cut short mid-epoch 1, a step after the checkpoint
 
     time.sleep(max(0.0, started + 1.5 - time.time()))  # TensorBoard orders event files by their name's second
     subprocess.run(WORKER + [str(folder), '--resume'], check=True, timeout=300)

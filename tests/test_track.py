@@ -2,14 +2,14 @@
 kill-and-resume continuing the same run (Tracker and MLflow); one row under DDP; the command line; the notebook path
 a real Jupyter server gives its kernel."""
 
-import importlib.util, json, os, signal, socket, subprocess, sys, time, urllib.request
+import importlib.util, json, os, signal, socket, subprocess, sys, urllib.request
 
 import pytest
 import torch.distributed as dist
 
 from conftest import BIN, ROOT
 from nbtrainer import Callback, CancelFitException, MLflowLogger, Tracker, launch, runs
-from nbtrainer.testing import same_history, synth_learner
+from nbtrainer.testing import same_history, synth_learner, wait_for
 
 WORKER = [sys.executable, str(ROOT / 'tests' / 'track_worker.py')]
 
@@ -22,15 +22,6 @@ def finish(proc, timeout=300):
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, err[-3000:]
     return err
-
-
-def wait_for(condition, timeout=120, what='condition'):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f'timed out waiting for {what}')
 
 
 class EndAt(Callback):
@@ -55,7 +46,8 @@ def test_killed_failed_stopped_and_finished_runs_are_told_apart(registry):
     assert proc.wait(timeout=300) == -signal.SIGKILL
     # it wrote no status: with a generous threshold it still reads as running, then as died once its heartbeat is stale
     assert runs(db, stale_after=3600)[0].status == 'running'
-    wait_for(lambda: runs(db, stale_after=1.0)[0].status == 'died', what='the killed run to read as died')
+    wait_for(lambda: runs(db, stale_after=1.0)[0].status == 'died', 'the killed run to read as died (its heartbeat '
+             'stale for 1 s)', seen=lambda: runs(db, stale_after=1.0)[0].status, every=0.05)  # fmt: skip
     found = runs(db, stale_after=1.0)
     assert [(r.notes, r.status, r.message) for r in found] == [
         ('killed fit 0', 'died', None),
@@ -257,7 +249,7 @@ def test_the_notebook_path_from_a_real_jupyter_server(tmp_path):
             except OSError:
                 return False
 
-        wait_for(up, what='jupyter server')
+        wait_for(up, 'the jupyter server to answer', every=0.1)
         # the request JupyterLab makes when a notebook opens: its path from the server root, and its name
         body = json.dumps(
             {'path': 'sub/trial.ipynb', 'name': 'trial.ipynb', 'type': 'notebook', 'kernel': {'name': 'python3'}}
@@ -267,10 +259,12 @@ def test_the_notebook_path_from_a_real_jupyter_server(tmp_path):
         )
         kernel_id = json.load(urllib.request.urlopen(request, timeout=60))['kernel']['id']
         connection = runtime / f'kernel-{kernel_id}.json'
-        wait_for(connection.exists, what='the kernel connection file')
+        wait_for(connection.exists, f'the kernel connection file {connection}', every=0.05)
         client = BlockingKernelClient(connection_file=str(connection))
         client.load_connection_file()
-        client.start_channels()
+        # no heartbeat channel: its 1 s time-to-dead reads a kernel busy starting on a loaded machine as dead; the
+        # kernel_info replies wait_for_ready reads, with its deadline, say it is alive
+        client.start_channels(hb=False)
         client.wait_for_ready(timeout=120)
         printed = []
         client.execute_interactive(

@@ -87,6 +87,7 @@ def test_without_a_widget_manager_the_dashboard_is_html(tmp_path):
         env={**__import__('os').environ, **env},
         check=True,
         capture_output=True,
+        timeout=300,
     )
     assert '"@jupyter-widgets/jupyterlab-manager": true' in (config / 'labconfig' / 'page_config.json').read_text()
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])

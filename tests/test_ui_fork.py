@@ -37,10 +37,11 @@ CELLS = [
 learn = Learner(SlowMLP(), DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True),
                 DataLoader(TensorDataset(x[:64], y[:64]), batch_size=32), lr=0.05, fork_points=4,
                 cbs=[Controls(), Tracker('runs.db')])''',
-    'await learn.fit_async(steps=4000, eval_every=10)  # paused, then forked from its dashboard',
-    "parent_run, waited = learn.progress.parent, time.time()\n"
-    "while not any(r['step'] > parent_run['step'] for r in learn.recorder.history) and time.time() < waited + 60:\n"
-    "    time.sleep(0.1)  # the branch trains in the background: its first evaluation row\n"
+    'await learn.fit_async(steps=40_000, eval_every=10)  # paused, then forked from its dashboard',
+    "from nbtrainer.testing import wait_for\n"
+    "parent_run = learn.progress.parent\n"
+    "wait_for(lambda: any(r['step'] > parent_run['step'] for r in learn.recorder.history), 'the branch\\'s first "
+    "evaluation row', seen=lambda: f'step {learn.step}, rows at {[r[\"step\"] for r in learn.recorder.history][-3:]}')\n"
     "print('BRANCH-STATE', json.dumps({'parent': parent_run, 'fitting': learn.fitting, 'step': learn.step, "
     "'lrs': sorted({r['lr'] for r in learn.recorder.history if r['step'] > parent_run['step']}), "
     "'parent_drawn': learn.cbs[[type(c).__name__ for c in learn.cbs].index('Dashboard')].plot.parent_curves is not None, "

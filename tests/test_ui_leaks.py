@@ -19,6 +19,8 @@ import time
 import nbformat
 import pytest
 
+from nbtrainer.testing import wait_for
+
 from test_ui import (
     ARGS,
     ARTIFACTS,
@@ -53,7 +55,13 @@ HTML = (
     "html_learn = Learner(SlowMLP(), dl, small, lr=0.05, display='html')  # the dashboard with no widget\n"
     "await html_learn.fit_async(1, eval_every=2); n += 1; print('DONE', n)"
 )
-CELLS = [SETUP + '\nn = 0', FIT, PLAIN, HTML, 'task = learn.fit_async(100, eval_every=4)  # in the background']
+CELLS = [
+    SETUP + '\nn = 0',
+    FIT,
+    PLAIN,
+    HTML,
+    'task = learn.fit_async(1000, eval_every=4)  # in the background, until Stop',
+]
 BACKGROUND = 4
 
 # The dashboard's height (its cell's outputs) every frame while its controls and figure show, and its outputs' heights.
@@ -108,7 +116,9 @@ def test_three_fits_leave_the_page_as_they_found_it_and_a_mid_fit_save_keeps_the
                         page.evaluate('window.__sampling = false')
                         heights = page.evaluate('window.__heights')
                         parts = page.evaluate('[...window.__parts]')  # the children's heights, when it fails
-                    page.wait_for_timeout(500)
+                    ran = cell(page, i).locator('.jp-InputPrompt')  # [*]: until its last output has been handled
+                    wait_for(lambda: '*' not in ran.inner_text(), f'cell {i} to end', timeout=120, every=0.05,
+                             seen=ran.inner_text)  # fmt: skip
                     seen.append(metrics(cdp))
                 return seen
 

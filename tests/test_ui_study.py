@@ -26,7 +26,7 @@ def build(params):
                    progress=False)
 
 study = Study('ui', dict(lr=Float(1e-3, 0.1, log=True, role='scientific')), build, trials=3,
-              fit=dict(steps=2000, eval_every=10), db=Path(tempfile.mkdtemp()) / 'runs.db', pruner=None)''',
+              fit=dict(steps=20_000, eval_every=10), db=Path(tempfile.mkdtemp()) / 'runs.db', pruner=None)''',
     'task = study.run_async()  # in the background: the table and its Stop button show here',
     "await task\nprint('STUDY-ENDED', [(r.config['trial'], r.status, r.message == STOP_MESSAGE) for r in study.runs()])",
 ]

@@ -9,13 +9,13 @@ process in the evaluation at that step, as a lost machine would), resume (fit(re
 itself with `name` afterwards, through runs()), out (a JSON file for the last fit's history).
 """
 
-import json, os, signal, sys, time
+import json, os, signal, sys
 
 import torch
 from torch.utils.data import DataLoader
 
 from nbtrainer import Callback, Checkpointer, Learner, MLflowLogger, Order, Tracker, runs
-from nbtrainer.testing import classification_data, tiny_classifier
+from nbtrainer.testing import classification_data, tiny_classifier, wait_for
 
 
 class KillAt(Callback):
@@ -42,10 +42,8 @@ def learner(cbs):
 
 def main(cfg):
     torch.set_num_threads(1)
-    if cfg.get('gate'):
-        deadline = time.time() + 120
-        while not os.path.exists(cfg['gate']) and time.time() < deadline:
-            time.sleep(0.005)
+    if cfg.get('gate'):  # the workers start together (a deadline, then an error)
+        wait_for(lambda: os.path.exists(cfg['gate']), f"the gate {cfg['gate']}", timeout=300)
     for fit in range(cfg.get('fits', 1)):
         tracker = Tracker(cfg['db'], study=cfg.get('study'), notes=f"{cfg.get('name', '')} fit {fit}".strip())
         tracker.beat_every = cfg.get('beat_every', Tracker.beat_every)

@@ -2,22 +2,58 @@
 # Every test: the nbdev sync check, ruff, the notebooks, then tests/ with pytest. A stage that fails does not stop the
 # next: the summary at the end lists every failure of every stage, and the exit code is 1 if there was any.
 #
-#   bash tools/test.sh           everything (what CI runs)
-#   bash tools/test.sh --quick   the sync check, ruff, the core notebooks (nbs/00*) and the tests without a marker
+#   bash tools/test.sh                      everything (what CI runs)
+#   bash tools/test.sh --quick              the sync check, ruff, the core notebooks (nbs/00*) and the tests without a marker
+#   bash tools/test.sh --repeat N -k EXPR   stress: the pytest tests EXPR selects (pytest's -k; -m MARKEXPR too), N
+#                                           rounds, each beside two busy processes; says how many rounds passed
 #
 # Run inside the project's environment (see README.md). Markers (pyproject.toml): ui, kernel, distributed, slow, cuda.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-quick=false
-case "${1:-}" in
-  --quick) quick=true ;;
-  '') ;;
-  *) echo "usage: bash tools/test.sh [--quick]"; exit 2 ;;
-esac
+usage="usage: bash tools/test.sh [--quick | --repeat N [-k EXPR] [-m MARKEXPR]]"
+quick=false repeat=0 pick=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=true ;;
+    --repeat) repeat=${2:-}; shift ;;
+    -k|-m) [ -n "${2:-}" ] || { echo "$usage"; exit 2; }; pick+=("$1" "$2"); shift ;;
+    *) echo "$usage"; exit 2 ;;
+  esac
+  shift
+done
+if ! [[ "$repeat" =~ ^[0-9]+$ ]] || { [ "$repeat" = 0 ] && [ ${#pick[@]} -gt 0 ]; } || { $quick && [ "$repeat" != 0 ]; }; then
+  echo "$usage"; exit 2
+fi
 jobs=$(nproc 2>/dev/null || echo 2)
 # Tiny models, several processes at once: one torch thread each (a thread per core each makes them spin against each other)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+
+# Stress mode: the selected tests, N rounds, each beside two processes that keep two cores busy (a laptop running a
+# browser, a shared machine): a test that races the loop or waits for a guessed time fails here first. The busy
+# processes are this script's and end with it, however it ends.
+if [ "$repeat" != 0 ]; then
+  busy=()
+  trap 'kill "${busy[@]}" 2>/dev/null' EXIT
+  trap 'exit 130' INT TERM
+  for _ in 1 2; do yes >/dev/null & busy+=($!); done
+  python -m compileall -q nbtrainer >/dev/null
+  passed=0 logs=$(mktemp -d) started=$SECONDS
+  for round in $(seq "$repeat"); do
+    begun=$SECONDS
+    echo "== round $round of $repeat (pytest ${pick[*]}, beside ${#busy[@]} busy processes)"
+    python -m pytest tests "${pick[@]}" -n "$jobs" --dist loadfile -q -rfE -p no:cacheprovider >"$logs/round-$round.log" 2>&1
+    rc=$?
+    tail -n 1 "$logs/round-$round.log"
+    if [ "$rc" = 5 ]; then echo "pytest ${pick[*]} selected no tests"; exit 2; fi
+    if [ "$rc" = 0 ]; then passed=$((passed + 1)); echo "round $round passed ($((SECONDS - begun)) s)"
+    else grep -E '^(FAILED|ERROR) ' "$logs/round-$round.log"; echo "round $round FAILED ($((SECONDS - begun)) s): $logs/round-$round.log"; fi
+  done
+  echo
+  echo "== $passed of $repeat rounds passed ($((SECONDS - started)) s; logs in $logs)"
+  [ "$passed" = "$repeat" ]
+  exit
+fi
 logs=$(mktemp -d)
 failures=()
 started=$SECONDS
