@@ -249,32 +249,35 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
             try:
                 # first: a callback refuses what it must hold alone (a folder's lock) before any file is opened
                 self('claim')
-                self._plan_fit(
-                    epochs, steps, steps_per_epoch, eval_every, eval_subset, lr, reset_opt, resume, allow_changes
-                )
-                self._run_fit()
+                plan = dict(epochs=epochs, steps=steps, steps_per_epoch=steps_per_epoch, eval_every=eval_every)
+                if self._plan_fit(eval_subset, lr, reset_opt, resume, allow_changes, **plan):
+                    self._run_fit()  # else resume=True found this call finished in the run it continues
             finally:
                 try:
                     self._fire_all('release')
                 finally:
                     self.remove_cbs(cbs)
 
-    def _plan_fit(self, epochs, steps, steps_per_epoch, eval_every, eval_subset, lr, reset_opt, resume, allow_changes):
+    def _plan_fit(self, eval_subset, lr, reset_opt, resume, allow_changes, epochs, steps, steps_per_epoch, eval_every):
         check_plan(epochs, steps, steps_per_epoch, eval_every)
         n_batches = check_fit_loaders(self.train_dl, self.valid_dl, epochs, steps_per_epoch)
         progress, continuing = self.progress, self.progress.continuing
-        progress.start_fit()
+        plan = dict(epochs=epochs, steps=steps, steps_per_epoch=steps_per_epoch, eval_every=eval_every)
+        progress.start_fit(bool(resume), **plan, eval_subset=eval_subset, lr=lr, reset_opt=reset_opt)
         if resume:  # the hook nbtrainer.checkpoint fills: the whole state back, the fit's start and position included
             _hook('resume', 'fit(resume=...)')(self, resume, allow_changes=allow_changes, lr_given=lr is not None)
-        if reset_opt:
+        if progress.done_before:
+            return False  # this call's place in the script was done: it trains nothing and changes nothing
+        if reset_opt and 'reset_opt' not in progress.restored:  # asked anew, not restored by resume= as recorded
             self.create_opt()
-        if lr is not None:
+        if lr is not None and 'lr' not in progress.restored:
             self.lr = lr
         per_pass = math.ceil(n_batches / self.window.n) if n_batches else None  # optimizer steps in a pass
         progress.plan(epochs, steps, steps_per_epoch, eval_every, per_pass, eval_subset)
         if continuing and not resume:
             progress.check_left()  # a fork's fit with nothing left says which call goes on
         self.validation.plan(self.valid_dl, eval_subset, self.eval_seed)  # eval_subset: on a fixed, seeded subset
+        return True
 
     def _run_fit(self):
         "The fit in its scope, whose closing events (`after_fit`) reach every callback whatever ended it."
@@ -333,7 +336,7 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
         if data.resume_at or not progress.steps_per_epoch:
             data.end()  # an epoch is a pass of its own
         while progress.step < end:
-            if not data.under_way and data.start() and progress.eval_due():
+            if not data.under_way and data.start(progress.epoch) and progress.eval_due():
                 self._evaluate()  # resumed where one was due
             for self.iter, batch in data.batches:
                 data.batches_done = self.iter + 1  # taken from the loader, as a checkpoint in after_batch must know

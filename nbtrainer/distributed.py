@@ -474,11 +474,8 @@ class DistributedTrainer(SingleProcess, name='ddp'):
             )
 
     def start_train(self, learn):
-        dl = learn.train_dl
-        sampler = getattr(dl, 'sampler', None)
-        if hasattr(sampler, 'set_epoch'):
-            sampler.set_epoch(learn.epoch)  # a new shuffle, the same on every rank
-        self._global_sizes = global_batch_size(dl, 0) is not None  # the sampler tells each batch's global count
+        # the sampler's set_epoch (a new shuffle, the same on every rank) is called when a pass starts, in every mode
+        self._global_sizes = global_batch_size(learn.train_dl, 0) is not None  # the sampler tells each batch's count
 
     def end_evaluation(self, learn):
         sync_training_stats(learn.recorder, learn.device)  # before the row is made

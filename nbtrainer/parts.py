@@ -16,7 +16,7 @@ import torch
 
 from .callback import CancelFitException, PreemptedException
 from .checks import hyperparameter
-from .data import batch_size, batch_sizes, loader_length, skip_batches, subset_loader
+from .data import batch_size, batch_sizes, loader_length, set_epoch, skip_batches, subset_loader
 from .layers import GhostBatchNorm
 from .metrics import Mean, computed, metric_name
 from .rng import check_rng_state, rng_state, set_rng_state
@@ -28,6 +28,83 @@ RUN_ID = re.compile(r'[0-9a-f]{12,32}')  # uuid4().hex, or its first 12 digits (
 def is_count(v):
     "An int >= 0 that a float64 holds exactly: what a step, an epoch or a position read from a file must be."
     return type(v) is int and 0 <= v < 2**53
+
+# %% ../nbs/00f_parts.ipynb #cfe9291b
+RESUME_CHANGES = ('epochs', 'steps', 'lr', 'lr_max', 'reset_opt')  # what the call a resume continues may change
+
+
+def plain_argument(v):
+    "An argument as a plain value a checkpoint keeps and compares: numbers, text, None and lists; anything else as text."
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    if isinstance(v, numbers.Real):
+        return float(v)
+    if isinstance(v, (list, tuple)):
+        return [plain_argument(x) for x in v]
+    if isinstance(v, slice):
+        return f'slice({plain_argument(v.start)!r}, {plain_argument(v.stop)!r})'
+    text = repr(v)
+    return type(v).__qualname__ if ' at 0x' in text else text[:200]  # an address differs in every process
+
+
+def call_record(caller, arguments):
+    "A fit call's plan: its name (`fit`, or the method calling it), what called that (`in`), its arguments as plain values."
+    name, given, outer = caller or ('fit', {}, None)
+    record = {'call': name, **({'in': outer} if outer else {})}
+    return {**record, **{k: plain_argument(v) for k, v in {**arguments, **given}.items()}}
+
+
+def _plain(v, depth=0):
+    return (
+        v is None
+        or type(v) in (bool, int, float)
+        or (type(v) is str and len(v) <= 1000)
+        or (type(v) is list and depth < 3 and len(v) <= 1000 and all(_plain(x, depth + 1) for x in v))
+    )
+
+
+def check_calls(calls):
+    "Raise if `calls`, read from a file, is not a list of fit calls' plans: plain values by name."
+    if not (
+        isinstance(calls, list)
+        and len(calls) < 2**20
+        and all(
+            type(c) is dict
+            and type(c.get('call')) is str
+            and all(type(k) is str and len(k) <= 100 and _plain(v) for k, v in c.items())
+            for c in calls
+        )
+    ):
+        raise ValueError(f'its fit calls {str(calls)[:100]} are not the plans of fit calls')
+
+
+def _call_name(record):
+    return record['call'] + (f' in {record["in"]}' if record.get('in') else '')
+
+
+def compare_calls(i, mine, theirs, running=False):
+    "Refuse call `i` of a rerun whose plan `mine` is not the recorded `theirs`, naming the call and what differs."
+    keys = [k for k in dict.fromkeys([*theirs, *mine]) if mine.get(k) != theirs.get(k)]
+    if running:  # the call the checkpoint was taken in: a longer fit, or a new lr, as fit(lr=, resume=True) asks
+        if i and any(k in ('lr', 'lr_max') for k in keys):
+            warnings.warn(
+                f'fit call {i + 1} ({_call_name(mine)}) resumes with lr {mine.get("lr")!r} where the run it '
+                f'continues had {theirs.get("lr")!r}: applied after the restore, as asked (an lr found by lr_find '
+                'between calls of a rerun is found on the state before the calls resume=True skipped)',
+                stacklevel=5,
+            )
+        keys = [k for k in keys if k not in RESUME_CHANGES]
+    if not keys:
+        return
+    what = '; '.join(f'{k}={mine.get(k)!r} here, {theirs.get(k)!r} there' for k in keys[:4])
+    raise ValueError(
+        f'fit call {i + 1} of this Learner ({_call_name(mine)}) is not call {i + 1} of the run resume=True '
+        f'continues ({_call_name(theirs)}): {what}. A script rerun with resume=True must make the same fit calls '
+        'in the same order. Give another script a Checkpointer folder of its own, or continue anyway with '
+        "fit(..., resume=True, allow_changes=('calls',))"
+    )
 
 # %% ../nbs/00f_parts.ipynb #ffbd5b9d
 class FitProgress:
@@ -43,13 +120,57 @@ class FitProgress:
         self.n_epochs = self.n_steps = self.eval_every = self.steps_per_epoch = None
         self.end_epoch = self.end_step = math.inf
         self.probing = None  # the probe run under way ('lr_find', 'profile'): steps that are not training, undone after
+        self.calls = []  # the plan of every fit call of the Learner's life, in order: a checkpoint names its call by them
+        self.caller = None  # (name, arguments, outer name) of the method calling fit now: fit_one_cycle, fine_tune
+        self.done_before = False  # resume=True found this call finished in the run it continues: it trains nothing
+        self.awaiting = None  # the call so skipped, whose state a later call's resume=True must bring back
+        self.restored = set()  # `lr`, `reset_opt`: given as the resumed call was recorded with, so not applied again
 
-    def start_fit(self):
-        "A fit starts here: the steps and epochs it plans count from now (after a fork: from the forked fit's start)."
+    def start_fit(self, resume=False, **arguments):
+        "A fit call starts: its plan is the Learner's next call (a fork's fit continues the forked one's), counted from now."
+        if self.awaiting is not None and not resume:
+            raise ValueError(
+                f'fit call {self.awaiting} was skipped by resume=True: the run it continues had finished it, and its '
+                'state comes back with the call that was running then. Give this call resume=True too, as every '
+                'call of a script rerun from the top'
+            )
+        record = call_record(self.caller, arguments)
+        self.done_before, self.calls = False, [*self.calls[: -1 if self.continuing else None], record]
+        self.restored = set()
         if self.continuing:
             self.continuing = False  # the fit a fork continues keeps its start, as a resume does
         else:
             self.fit_start, self.last_eval_step = (self.epoch, self.step), self.step
+
+    @contextlib.contextmanager
+    def calling(self, name, **arguments):
+        "A method that calls `fit` (`fit_one_cycle`, `fine_tune`) names the call and its arguments, which it records."
+        outer = self.caller
+        self.caller = (name, arguments, outer[0] if outer else None)
+        try:
+            yield
+        finally:
+            self.caller = outer
+
+    def place(self, saved, compare=True):
+        "This call in the run of a checkpoint's progress: 'done', 'this' or 'later' (see below); another plan is refused."
+        recorded = saved.get('calls')
+        if not recorded:
+            return 'this'  # an older checkpoint: its fit is this one
+        mine, theirs = len(self.calls) - 1, len(recorded) - 1
+        for i in range(min(mine, theirs) + 1) if compare else ():
+            compare_calls(i, self.calls[i], recorded[i], running=i == theirs)
+        return 'done' if mine < theirs else 'this' if mine == theirs else 'later'
+
+    def skip_call(self):
+        "This call finished in the run resume=True continues: it trains nothing, and changes nothing."
+        self.done_before, self.awaiting = True, len(self.calls)
+
+    def continue_call(self, record):
+        "A resume loaded the state of this call, whose plan given now (`record`: a longer fit, a new lr) it follows."
+        recorded = self.calls[-1] if self.calls else {}
+        self.restored = {k for k in ('lr', 'reset_opt') if k in recorded and recorded[k] == record.get(k)}
+        self.calls, self.awaiting = [*self.calls[:-1], record], None
 
     def branch(self, step):
         "This run becomes a branch of itself at `step` (a fork): a new run id and its parent; the next fit continues."
@@ -126,6 +247,7 @@ class FitProgress:
             'fit_start': list(self.fit_start),
             'last_eval_step': self.last_eval_step,
             'call': self.call,
+            'calls': self.calls,
         }
 
     def check_state(self, state):
@@ -148,12 +270,13 @@ class FitProgress:
             and all(isinstance(k, str) and (v is None or is_count(v) or isinstance(v, float)) for k, v in call.items())
         ):
             raise ValueError(f'its fit plan {str(call)[:100]} is not the arguments of a fit')
+        check_calls(state.get('calls', []))
 
     def load_state_dict(self, state):
         self.epoch, self.step, self.last_eval_step = state['epoch'], state['step'], state['last_eval_step']
         self.fit_start, self.epoch_done = tuple(state['fit_start']), False
         self.run_id, self.parent = state.get('run', self.run_id), state.get('parent')
-        self.call = state.get('call')
+        self.call, self.calls = state.get('call'), list(state.get('calls', []))
 
 # %% ../nbs/00f_parts.ipynb #d3e8ca61
 def check_plan(epochs=None, steps=None, steps_per_epoch=None, eval_every=None):
@@ -165,7 +288,7 @@ def check_plan(epochs=None, steps=None, steps_per_epoch=None, eval_every=None):
         if v is not None and not (isinstance(v, int) and v > 0):
             raise ValueError(f'{name} must be an int > 0, got {v!r}')
 
-# %% ../nbs/00f_parts.ipynb #9e1f40b0
+# %% ../nbs/00f_parts.ipynb #4fad2ce9
 class TrainPass:
     "The pass over the training loader under way: its batches, how many are done, the random state that fixed them."
 
@@ -173,10 +296,13 @@ class TrainPass:
         self.dl, self.batches, self.batches_done, self.under_way = dl, None, 0, False
         self.start_state = self.resume_at = self.held_rng = None
         self.n_batches = self.sizes = None
+        self.epoch = 0  # the epoch the pass started in: the sampler's and dataset's `set_epoch`
 
-    def start(self):
-        "Begin a pass, or resume the one a checkpoint was taken in (its order replayed, the batches done skipped)."
+    def start(self, epoch=0):
+        "Begin a pass in `epoch`, or resume the one a checkpoint was taken in (its order replayed, the batches done skipped)."
         resume, self.resume_at = self.resume_at, None
+        self.epoch = resume.get('epoch', epoch) if resume else epoch
+        set_epoch(self.dl, self.epoch)  # a sampler or dataset with `set_epoch`: this epoch's order, in every mode
         if resume:
             set_rng_state(resume['epoch_start'], self.dl)
         self.start_state = rng_state(self.dl)  # what fixes this pass's order: checkpoints keep it
@@ -201,7 +327,7 @@ class TrainPass:
         rng = self.held_rng if self.held_rng is not None else rng_state(self.dl)
         if not self.under_way:
             return {'batches_done': 0, 'rng': rng}
-        return {'batches_done': self.batches_done, 'epoch_start': self.start_state, 'rng': rng}
+        return {'batches_done': self.batches_done, 'epoch_start': self.start_state, 'rng': rng, 'epoch': self.epoch}
 
     def check_state(self, state):
         "Raise if `state` is not a position in this loader: a resume would skip batches past its end for ever."
@@ -214,6 +340,8 @@ class TrainPass:
         for key in ('rng', 'epoch_start'):
             if key in state:
                 check_rng_state(state[key], self.dl)
+        if not is_count(state.get('epoch', 0)):
+            raise ValueError(f'its pass started in epoch {str(state["epoch"])[:40]}, which is not an epoch')
 
     def load_state_dict(self, state):
         self.end()
@@ -375,7 +503,7 @@ class Strategy(Protocol):
     def load_state_dict(self, state):
         "Put back what `state_dict` gave."
 
-# %% ../nbs/00f_parts.ipynb #fec10dbf
+# %% ../nbs/00f_parts.ipynb #bf25b013
 STRATEGIES = {}  # name -> strategy class: `Learner(strategy=name)`; each declares its own name
 
 
@@ -404,7 +532,7 @@ class SingleProcess(Strategy):
         pass  # DDP: the stop flags reset
 
     def start_train(self, learn):
-        pass  # DDP: the sampler's epoch
+        pass  # DDP: whether the sampler tells the global batch sizes (its set_epoch: TrainPass.start, in every mode)
 
     def mask_padding(self, learn, weights):
         return weights  # DDP: the repeated example gets weight 0

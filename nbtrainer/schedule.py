@@ -13,6 +13,7 @@ import math
 from .callback import Callback
 from .checks import hyperparameter
 from .core import Learner, patch_to
+from .parts import plain_argument
 
 # %% ../nbs/12_schedule.ipynb #2015c872
 _SHAPES = {
@@ -187,6 +188,7 @@ class ParamScheduler(Callback):
             if not isinstance(s, Schedule):
                 raise TypeError(f'{name}= must be a Schedule (or a Segment), got {type(s).__name__}')
             self.schedules[name] = s
+        self._before = self._loaded = None  # the groups' settings before the fit; a checkpoint's, to put back
 
     def before_fit(self):
         learn = self.learn
@@ -203,7 +205,8 @@ class ParamScheduler(Callback):
         if 'lr' in self.schedules:  # the largest lr it will set must be a usable one too
             peak = max(abs(v) for seg in self.schedules['lr'].segments for v in (seg.start, seg.end))
             hyperparameter('the scheduled lr (learn.lr times the schedule\'s largest value)', learn.lr * peak)
-        self._before = [{_group_key(n, g): g[_group_key(n, g)] for n in self.schedules} for g in learn.opt.param_groups]
+        before = [{_group_key(n, g): g[_group_key(n, g)] for n in self.schedules} for g in learn.opt.param_groups]
+        self._before, self._loaded = self._loaded or before, None  # resumed: the groups hold scheduled values now
         for s in self.schedules.values():
             s.lengths(self.total)  # a schedule longer than the fit fails now, not mid-fit
 
@@ -221,10 +224,38 @@ class ParamScheduler(Callback):
                 _set(group, name, value * group.get('lr_scale', 1.0) if name == 'lr' else value)
 
     def after_fit(self):
-        for group, before in zip(self.learn.opt.param_groups, self._before):
+        for group, before in zip(self.learn.opt.param_groups, self._before or ()):
             group.update(before)
             if 'lr' in before:
                 group['lr'] = self.learn.lr * group.get('lr_scale', 1.0)
+
+    def state_dict(self):
+        "The groups' settings before the fit, which `after_fit` puts back (a resumed fit cannot read them anew)."
+        before = self._loaded or self._before
+        return {} if before is None else {'before': [{k: plain_argument(v) for k, v in b.items()} for b in before]}
+
+    def check_state(self, state):
+        "Settings of this optimizer's groups, as numbers (`betas`: two)."
+        groups = self.learn.opt.param_groups
+        saved = state.get('before', [{}] * len(groups))
+        if not (
+            isinstance(saved, list)
+            and len(saved) == len(groups)
+            and all(
+                isinstance(b, dict)
+                and all(k in g and k != 'params' and (type(v) in (int, float) or _two_numbers(v)) for k, v in b.items())
+                for b, g in zip(saved, groups)
+            )
+        ):
+            raise ValueError(f'its ParamScheduler settings {str(saved)[:100]} are not those of these param groups')
+
+    def load_state_dict(self, state):
+        if state:
+            self._loaded = [{k: tuple(v) if isinstance(v, list) else v for k, v in b.items()} for b in state['before']]
+
+
+def _two_numbers(v):
+    return type(v) is list and len(v) == 2 and all(type(x) in (int, float) for x in v)
 
 # %% ../nbs/12_schedule.ipynb #b7599c3c
 def one_cycle(pct_start=0.25, div=25.0, div_final=1e5, moms=(0.95, 0.85, 0.95)):
@@ -256,6 +287,7 @@ def fit_one_cycle(
     cbs=(),
     reset_opt=False,
     resume=None,
+    allow_changes=None,
 ):
     "`fit` with the 1cycle policy, peaking at `lr_max` (default: `learn.lr`; given, it becomes `learn.lr`)."
     if lr_max is None and learn.lr_note:
@@ -266,13 +298,16 @@ def fit_one_cycle(
     schedules = one_cycle(pct_start, div, div_final, moms)
     if 'momentum' in schedules and not any(_group_key('momentum', g) for g in learn.opt.param_groups):
         del schedules['momentum']  # an optimizer without momentum or betas: schedule the lr only
-    return learn.fit(
-        epochs,
-        steps=steps,
-        eval_every=eval_every,
-        eval_subset=eval_subset,
-        lr=lr_max,
-        reset_opt=reset_opt,
-        resume=resume,
-        cbs=[*cbs, ParamScheduler(**schedules)],
-    )
+    cycle = dict(lr_max=lr_max, pct_start=pct_start, div=div, div_final=div_final, moms=moms)
+    with learn.progress.calling('fit_one_cycle', **cycle):  # the call a checkpoint records: a rerun compares them
+        return learn.fit(
+            epochs,
+            steps=steps,
+            eval_every=eval_every,
+            eval_subset=eval_subset,
+            lr=lr_max,
+            reset_opt=reset_opt,
+            resume=resume,
+            allow_changes=allow_changes,
+            cbs=[*cbs, ParamScheduler(**schedules)],
+        )
