@@ -77,7 +77,7 @@ from .early_stopping import EarlyStopping
 from .loggers import CSVLogger, TensorBoardLogger
 from .evaluate import Evaluation, Report, SavePredictions
 from .diagnose import DataWait, DataWaitWarning, DevicePrefetcher
-from .schedule import ParamScheduler, Schedule, Segment, one_cycle
+from .schedule import ParamScheduler, Schedule, Segment, TorchScheduler, one_cycle
 from .finetune import EMA, SWA, ReduceLROnPlateau, Summary, by_depth, head_body, layer_decay
 from .lr_finder import LRFinder, LRFinderResult, suggest_lrs
 from .liveplot import LivePlot
@@ -159,6 +159,7 @@ __all__ = [
     'SingleProcess',
     'SkipNonFinite',
     'TensorBoardLogger',
+    'TorchScheduler',
     'TrainPass',
     'TopKAccuracy',
     'Tracker',

@@ -1,7 +1,7 @@
 """What a practitioner brings from elsewhere, each against its reference: a sampler or dataset with `set_epoch`, a torch
 or Hugging Face scheduler, several validation sets, images for the loggers."""
 
-import tempfile
+import tempfile, warnings
 from pathlib import Path
 
 import torch
@@ -117,3 +117,189 @@ def test_set_epoch_is_called_before_each_epoch_in_one_process_and_resumes_exactl
         assert same_weights(resumed.model, straight.model) and same_history(
             resumed.recorder.history, straight.recorder.history
         ), at
+
+
+# ---- your own scheduler: TorchScheduler against the loop written by hand ----
+def scheduler_data():
+    return classification_data(96, 8)
+
+
+class InfAt(Callback):
+    "An inf in a gradient after the backward of these training batches (counted over the fit): fp16 skips the step."
+
+    def __init__(self, batches):
+        self.batches, self.seen = set(batches), 0
+
+    def after_backward(self):
+        self.seen += 1
+        if self.seen in self.batches:
+            next(self.learn.model.parameters()).grad[0, 0] = float('inf')
+
+
+def hand_scheduled(
+    make_scheduler, epochs=3, bs=16, lr=1e-2, accumulate=1, groups=None, interval='step', fp16=False, inf_at=()
+):
+    "AdamW and the scheduler, stepped after each optimizer step (or epoch): the loop most code has. Its lrs, its model."
+    from torch.utils.data import DataLoader as DL
+
+    model, ds, seen = tiny_classifier(features=8), scheduler_data(), 0
+    params = (
+        [{'params': list(model[0].parameters()), 'lr': lr / 10}, {'params': list(model[3].parameters()), 'lr': lr}]
+        if groups
+        else model.parameters()
+    )
+    opt = torch.optim.AdamW(params, lr=lr)
+    scheduler, lrs = make_scheduler(opt), []
+    scaler = torch.amp.GradScaler('cpu') if fp16 else None
+    batches = list(DL(ds, batch_size=bs))
+    for _ in range(epochs):
+        for i in range(0, len(batches), accumulate):
+            window = batches[i : i + accumulate]
+            n = sum(len(y) for _, y in window)
+            for x, y in window:
+                lrs.append(opt.param_groups[-1]['lr'])
+                with torch.autocast('cpu', dtype=torch.float16, enabled=fp16):
+                    loss = F.cross_entropy(model(x), y) * len(y) / n
+                (scaler.scale(loss) if fp16 else loss).backward()
+                seen += 1
+                if seen in inf_at:
+                    next(model.parameters()).grad[0, 0] = float('inf')
+            if fp16:
+                before = scaler.get_scale()
+                scaler.step(opt)
+                scaler.update()
+                stepped = scaler.get_scale() >= before  # HF's check: the scale backs off when the step was skipped
+            else:
+                opt.step()
+                stepped = True
+            opt.zero_grad()
+            if interval == 'step' and stepped:
+                scheduler.step()
+        if interval == 'epoch':
+            scheduler.step()
+    return model, lrs
+
+
+def scheduled_learner(make_scheduler, folder=None, interval='step', groups=False, more=(), **kwargs):
+    from nbtrainer import TorchScheduler
+
+    def splitter(model):
+        return [list(model[0].parameters()), list(model[3].parameters())]
+
+    cbs = [TorchScheduler(make_scheduler, interval), *more] + ([Checkpointer(folder, every_steps=1)] if folder else [])
+    return Learner(
+        tiny_classifier(features=8),
+        DataLoader(scheduler_data(), batch_size=16),
+        opt_func=torch.optim.AdamW,
+        lr=slice(1e-3, 1e-2) if groups else 1e-2,
+        splitter=splitter if groups else None,
+        progress=False,
+        cbs=cbs,
+        **kwargs,
+    )
+
+
+def test_torch_and_hugging_face_schedulers_equal_a_hand_loop_also_across_a_kill():
+    from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
+
+    cases = {
+        'HF cosine with warmup': (lambda opt: get_cosine_schedule_with_warmup(opt, 4, 18), 'step', {}),
+        'HF linear warmup, 2 groups': (lambda opt: get_linear_schedule_with_warmup(opt, 3, 18), 'step', {'groups': 1}),
+        'OneCycleLR (momentum too)': (
+            lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, 0.05, total_steps=18),
+            'step',
+            {},
+        ),
+        'StepLR per epoch': (lambda opt: torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.3), 'epoch', {}),
+        'cosine, accumulation 2': (
+            lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, 9),
+            'step',
+            {'accumulate': 2},
+        ),
+    }
+    for name, (factory, interval, how) in cases.items():
+        accumulate, groups = how.get('accumulate', 1), how.get('groups')
+        model, lrs = hand_scheduled(factory, accumulate=accumulate, groups=groups, interval=interval)
+        kw = {'accumulate': accumulate} if accumulate > 1 else {}
+        learn = scheduled_learner(factory, interval=interval, groups=bool(groups), **kw)
+        learn.fit(3)
+        assert same_weights(learn.model, model) and learn.recorder.batches['lr'] == lrs, name
+        assert [g['lr'] for g in learn.opt.param_groups][-1] == learn.lr  # back at learn.lr after the fit
+        for at in (2, 7, 12):  # mid-epoch, at an epoch's end, later: the resumed scheduler and the groups' lrs as saved
+            resumed = killed_and_resumed(
+                lambda folder: scheduled_learner(factory, folder, interval, bool(groups), **kw),
+                lambda learn, **k: learn.fit(3, **k),
+                at,
+            )
+            assert same_weights(resumed.model, model), (name, at)
+            assert resumed.recorder.batches['lr'] == lrs, (name, at)
+
+
+def test_torch_scheduler_skips_fp16_skipped_steps_and_leaves_lr_find_alone():
+    factory = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + s))  # noqa: E731
+    model, lrs = hand_scheduled(factory, fp16=True, inf_at=(3, 4, 10))
+    learn = scheduled_learner(factory, precision='fp16', more=[InfAt((3, 4, 10))])
+    learn.fit(3)
+    assert learn.skipped_steps == 3  # the steps a gradient was inf at: the scheduler was not stepped after them
+    assert same_weights(learn.model, model) and learn.recorder.batches['lr'] == lrs
+    # the LR finder's range test sets its own lrs: the scheduler does nothing during it, and the lr it finds is the base
+    made = []
+    learn = scheduled_learner(lambda opt: made.append(factory(opt)) or made[-1])
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # a range test this short may find no descent
+        learn.lr_find(num_it=30, stop_div=False, show=False)
+    assert made == [] and learn.lr == 1e-2  # no scheduler was made for the range test
+    learn.lr = 3e-3  # "Use this LR": the next fit's schedule starts from it
+    learn.fit(1)
+    assert learn.recorder.batches['lr'][0] == 3e-3 and learn.recorder.batches['lr'][1] == 3e-3 / 2
+
+
+def test_torch_scheduler_state_is_checked_before_a_load():
+    import pytest
+    from nbtrainer import TorchScheduler
+
+    learn = scheduled_learner(lambda opt: torch.optim.lr_scheduler.StepLR(opt, 1))
+    scheduler = learn.cbs[-1]
+    assert isinstance(scheduler, TorchScheduler)
+    good = {'scheduler': torch.optim.lr_scheduler.StepLR(torch.optim.SGD([torch.zeros(1)], lr=1.0), 1).state_dict()}
+    scheduler.check_state(good)
+    for bad in (
+        {'scheduler': {**good['scheduler'], 'optimizer': 1}},  # a load would replace the scheduler's optimizer
+        {'scheduler': {**good['scheduler'], 'base_lrs': [1.0, 2.0]}},
+        {'scheduler': {**good['scheduler'], 'last_epoch': 'x'}},
+        {'scheduler': [1]},
+    ):
+        with pytest.raises(ValueError):
+            scheduler.check_state(bad)
+
+
+def test_torch_scheduler_composes_with_freeze_and_unfreeze_between_fits():
+    "Each fit makes its scheduler anew from learn.lr: a frozen body then all, as a hand loop making one per phase."
+    from transformers import get_cosine_schedule_with_warmup
+
+    factory = lambda opt: get_cosine_schedule_with_warmup(opt, 2, 6)  # noqa: E731
+    model, ds = tiny_classifier(features=8), scheduler_data()
+    opt = torch.optim.AdamW(
+        [{'params': list(model[0].parameters()), 'lr': 1e-3}, {'params': list(model[3].parameters()), 'lr': 1e-2}]
+    )
+    lrs = []
+    for frozen in (True, False):
+        for p in model[0].parameters():
+            p.requires_grad_(not frozen)
+        for g in opt.param_groups:
+            g['initial_lr'] = g['lr']
+        scheduler = factory(opt)
+        for x, y in DataLoader(ds, batch_size=16):
+            lrs.append(opt.param_groups[-1]['lr'])
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            scheduler.step()
+        for g, base in zip(opt.param_groups, (1e-3, 1e-2)):
+            g['lr'] = base  # back at the base lrs, as TorchScheduler leaves them after a fit
+    learn = scheduled_learner(factory, groups=True)
+    learn.freeze()
+    learn.fit(1)
+    learn.unfreeze()
+    learn.fit(1)
+    assert same_weights(learn.model, model) and learn.recorder.batches['lr'] == lrs
