@@ -17,7 +17,6 @@ from .checks import hyperparameter
 from .control import Controls
 from .core import Learner, fills, patch_to
 from .liveplot import LivePlot
-from .metrics import metric_name
 from nbtrainer.progress import (
     ProgressCallback,
     brief_traceback,
@@ -372,7 +371,7 @@ class Dashboard(Callback):
             'epoch',
             'step',
             'train_loss',
-            *(['valid_loss', *map(metric_name, learn.metrics)] if learn.valid_dl is not None else []),
+            *(learn.validation_names() if learn.valid_dl is not None else []),
             'lr',
             'time',
         ]

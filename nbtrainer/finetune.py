@@ -148,7 +148,7 @@ class EMA(Callback):
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
                 raise ValueError(f'{name} must be an int >= {least}, got {v!r}')
         self.decay, self.every, self.warmup, self.evaluate = decay, every, warmup, evaluate
-        self.averaged, self.updates, self._inside, self._dl = None, 0, False, None
+        self.averaged, self.updates, self._inside, self._dl, self._set = None, 0, False, None, None
 
     def _live(self):
         return _tensors(plain_model(self.learn.model))
@@ -214,8 +214,8 @@ class EMA(Callback):
             torch._foreach_copy_([t.detach() for t in self._live()], self.averaged)
 
     def before_validate(self):
-        if not self._inside:
-            self._dl = self.learn.dl  # the evaluation's loader, before DDP shards it
+        if not self._inside:  # the evaluation's loader, before DDP shards it, and its set (its columns' names)
+            self._dl, self._set = self.learn.dl, self.learn.validation.set_name
 
     def after_validate(self):
         learn = self.learn
@@ -229,7 +229,8 @@ class EMA(Callback):
                 averaged = learn.validate(self._dl)  # the evaluation's own values stay
         finally:
             self._inside = False
-        learn.metric_values.update({self.prefix + k: v for k, v in averaged.items()})  # this evaluation's row's
+        named = learn.validation.rename(averaged, self._set)  # a second set's: ema_test_loss, ...
+        learn.metric_values.update({self.prefix + k: v for k, v in named.items()})  # this evaluation's row's
 
     def state_dict(self):
         return {} if self.averaged is None else {'averaged': self.averaged, 'updates': self.updates}

@@ -8,7 +8,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/loggers.html.md"""
 __all__ = ['CSVLogger', 'TensorBoardLogger']
 
 # %% ../nbs/06_loggers.ipynb #56477531
-import csv, os, time, warnings
+import csv, os, re, time, warnings
 from pathlib import Path
 
 from .callback import Callback, Order
@@ -25,7 +25,6 @@ from nbtrainer.runfiles import (
     open_file,
     real_folder,
 )
-from .metrics import metric_name
 
 # %% ../nbs/06_loggers.ipynb #09571361
 class CSVLogger(Callback):
@@ -58,7 +57,7 @@ class CSVLogger(Callback):
 
     def _start_file(self):
         learn = self.learn
-        evaluated = ['valid_loss', *(metric_name(m) for m in learn.metrics)]
+        evaluated = learn.validation_names()  # every validation set's columns: valid_loss, accuracy, test_loss, ...
         self.columns = [*Recorder.columns, *evaluated, *(learn.eval_prefix + c for c in evaluated if learn.eval_prefix)]
         writable_folder(self.path.parent, 'CSVLogger')
         kind = file_kind(self.path)
@@ -186,7 +185,7 @@ class TensorBoardLogger(Callback):
             dict(hparams or {}),
             log_every,
         )
-        self.run_dir, self.writers = None, {}
+        self.run_dir, self.writers, self._sets = None, {}, []
         self._logged, self._purge_steps = None, {}
 
     def before_fit(self):
@@ -201,14 +200,14 @@ class TensorBoardLogger(Callback):
         writable_folder(self.log_dir, 'TensorBoardLogger')
         if self.run_dir is None:
             self.run_dir = self._new_run_dir()
-        for folder in (self.run_dir, self.run_dir / 'train', self.run_dir / 'valid'):
+        self._sets = list(learn.valid_dls)[1:]  # a writer each for the other validation sets: test/loss, ...
+        splits = ('train', 'valid', *self._sets)
+        for folder in (self.run_dir, *(self.run_dir / s for s in splits)):
             real_folder(folder, 'TensorBoard run folder')  # a link there would make the writers write elsewhere
         if self._logged is None:  # a new logger, or one just restored: log from the next batch on
             learn.recorder.flush()
             self._logged = len(learn.recorder.batches['loss'])
-        self.writers = {
-            s: SummaryWriter(str(self.run_dir / s), purge_step=self._purge_steps.get(s)) for s in ('train', 'valid')
-        }
+        self.writers = {s: SummaryWriter(str(self.run_dir / s), purge_step=self._purge_steps.get(s)) for s in splits}
         self._purge_steps = {}
         self._fit_hparams = {**self._default_hparams(), **self.hparams}
 
@@ -243,10 +242,12 @@ class TensorBoardLogger(Callback):
             w.flush()
 
     def after_eval(self):
-        row, valid = self.learn.eval_row, self.writers['valid']
+        row = self.learn.eval_row
         for k, v in _metrics(row).items():
             if k != 'train_loss':
-                valid.add_scalar('loss' if k == 'valid_loss' else k, v, row['step'])
+                split = next((s for s in self._sets if k.startswith(s + '_')), 'valid')  # test_loss: test's loss
+                tag = k[len(split) + 1 :] if split != 'valid' else 'loss' if k == 'valid_loss' else k
+                self.writers[split].add_scalar(tag, v, row['step'])
         self._write_batches()
 
     def after_epoch(self):
@@ -278,11 +279,12 @@ class TensorBoardLogger(Callback):
         history, batches = self.learn.recorder.history, self.learn.recorder.batches
         logged = self._logged if self._logged is not None else len(batches['loss'])
         last_train = batches['step'][logged - 1] + 1 if logged else 0
+        evaluated = history[-1]['step'] + 1 if history else 0
         # one past the last event the checkpoint knows of: its last train window, and its last evaluation
         return {
             'run': self.run_dir.name,
             'logged': logged,  # its name in log_dir: the run's folder may be copied or moved
-            'purge_steps': {'train': last_train + 1, 'valid': history[-1]['step'] + 1 if history else 0},
+            'purge_steps': {'train': last_train + 1, **dict.fromkeys(['valid', *self._sets], evaluated)},
         }
 
     def check_state(self, state):
@@ -293,7 +295,7 @@ class TensorBoardLogger(Callback):
         if not (
             type(state['logged']) is int
             and state['logged'] >= 0
-            and set(purge) <= {'train', 'valid'}
+            and all(isinstance(k, str) and re.fullmatch(r'[A-Za-z][A-Za-z0-9_]{0,63}', k) for k in purge)
             and all(type(v) is int and v >= 0 for v in purge.values())
         ):
             raise ValueError(f'its TensorBoardLogger counts {str(state)[:120]} are not counts of steps')

@@ -16,7 +16,7 @@ import torch
 
 from .callback import CancelFitException, PreemptedException
 from .checks import hyperparameter
-from .data import batch_size, batch_sizes, loader_length, set_epoch, skip_batches, subset_loader
+from .data import batch_size, batch_sizes, check_loader, loader_length, set_epoch, skip_batches, subset_loader
 from .layers import GhostBatchNorm
 from .metrics import Mean, computed, metric_name
 from .rng import check_rng_state, rng_state, set_rng_state
@@ -615,23 +615,78 @@ def make_strategy(strategy='auto', distributed=None, sync_bn=False):
 
 # %% ../nbs/00f_parts.ipynb #c5b90d9b
 class Validation:
-    "The validation under way and the fit's evaluations: the loss, the values, the row made, the fit's loader, prefix."
+    "The validation sets, the validation under way and the fit's evaluations: the loss, the values, the row made."
 
     def __init__(self):
         self.loss = Mean(track_nonfinite=True)  # the validation loss, accumulated on the device
         self.values, self.row, self.evaluating = {}, None, False  # the last values; in after_eval, the row they made
         self.prefix, self.collect = '', None  # the validation under way: its columns' prefix, and get_preds' lists
-        self.fit_dl, self.fit_prefix = None, ''  # the fit's evaluations: the validation set, or its subset ('subset_')
+        self.sets, self.set_name = {}, None  # name -> loader, in order; the set under way (None: a loader given)
+        self.fit_sets, self.fit_prefix = [], ''  # the fit's evaluations: (name, loader) of each set, or of its subset
 
-    def plan(self, dl, subset=None, seed=0):
-        "The fit's evaluations: on the validation loader `dl`, or on a fixed, seeded `subset` of it (prefix 'subset_')."
-        self.fit_dl, self.fit_prefix = dl, ''
-        if subset is not None and dl is not None:
-            self.fit_dl, self.fit_prefix = subset_loader(dl, subset, seed), 'subset_'
+    def set_loaders(self, dl):
+        "The sets of `valid_dl=`: a loader (or None), a dict of named loaders, or a list of loaders (`valid`, `valid_1`...)."
+        if isinstance(dl, dict):
+            sets = dict(dl)
+        elif _are_loaders(dl):
+            sets = {'valid' if i == 0 else f'valid_{i}': d for i, d in enumerate(dl)}
+        else:
+            sets = {} if dl is None else {'valid': dl}
+        for i, (name, d) in enumerate(sets.items()):
+            if not (isinstance(name, str) and _SET_NAME.fullmatch(name)) or (i and name in _RESERVED) or d is None:
+                raise ValueError(
+                    f'valid_dl names its sets {list(sets)}: a set\'s name is a word of letters, digits and _ '
+                    f'(its columns are <name>_loss, <name>_<metric>), after the first none of {_RESERVED}, '
+                    'each a loader'
+                )
+            check_loader('valid_dl' if len(sets) == 1 else f'valid_dl[{name!r}]', d)
+        self.sets = sets
 
-    def start(self, metrics, prefix='', collect=None):
-        "A validation starts: its loss and `metrics` reset; `collect`: (predictions, targets) lists to fill."
-        self.values, self.prefix, self.collect = {}, prefix, collect
+    def first(self):
+        "The first set's loader (None: no validation data)."
+        return next(iter(self.sets.values()), None)
+
+    def rename(self, values, name=None):
+        "`values` named as the first set's (`valid_loss`, the metrics'), as set `name`'s columns (`<name>_loss`, ...)."
+        if name is None or name == next(iter(self.sets), name):
+            return dict(values)
+        return {f'{name}_loss' if k == 'valid_loss' else f'{name}_{k}': v for k, v in values.items()}
+
+    def columns(self, metrics):
+        "The columns an evaluation of every set writes, in order (the first set's names when there is none)."
+        base = dict.fromkeys(['valid_loss', *map(metric_name, metrics)])
+        return [c for name in (self.sets or [None]) for c in self.rename(base, name)]
+
+    def chosen(self, dl=None):
+        "The (name, loader) pairs to validate: `dl` itself (named as the first set), the set named `dl`, or every set."
+        if dl is None and not self.sets:
+            raise ValueError('no validation data: pass valid_dl= to Learner, or dl= here')
+        if isinstance(dl, str) and dl not in self.sets:
+            raise ValueError(f'no validation set named {dl!r}: the sets are {list(self.sets)}')
+        return list(self.sets.items()) if dl is None else [(dl, self.sets[dl])] if isinstance(dl, str) else [(None, dl)]
+
+    def plan(self, metrics, subset=None, seed=0):
+        "The fit's evaluations: every set, or a fixed, seeded `subset` of each (prefix 'subset_'); their columns differ."
+        columns = self.columns(metrics)
+        twice = sorted({c for c in columns if columns.count(c) > 1})
+        if twice:
+            raise ValueError(f'the validation sets {list(self.sets)} both write {twice}: give them other names')
+        for name, d in list(self.sets.items())[1:]:
+            if loader_length(d) == 0:
+                raise ValueError(f'valid_dl[{name!r}] is empty: give every validation set batches, or leave it out')
+        self.fit_prefix = 'subset_' if subset is not None and self.sets else ''
+        self.fit_sets = [(n, subset_loader(d, subset, seed) if self.fit_prefix else d) for n, d in self.sets.items()]
+
+    def evaluations(self, full=False, last=False):
+        "(set, loader, prefix) of each validation an evaluation runs: the fit's sets; the whole ones if `full`, or at the last"
+        runs = [] if full else [(n, d, self.fit_prefix) for n, d in self.fit_sets]
+        if full or (self.fit_prefix and last):
+            runs += [(n, d, '') for n, d in self.sets.items()]
+        return runs or [(None, None, '')]  # no validation data: its events still run, over no batch
+
+    def start(self, metrics, prefix='', collect=None, name=None):
+        "A validation of set `name` starts: its loss and `metrics` reset; `collect`: (predictions, targets) lists to fill."
+        self.values, self.prefix, self.collect, self.set_name = {}, prefix, collect, name
         for m in (self.loss, *metrics):
             m.reset()
 
@@ -652,17 +707,32 @@ class Validation:
                 'the validation loader yielded no batches: pass a non-empty valid_dl (or dl=), or '
                 'valid_dl=None to train without validation'
             )
-        values = {'valid_loss': self.loss.compute(), **{metric_name(m): computed(m) for m in metrics}}
+        loss = self.loss.compute()
+        values = self.rename({'valid_loss': loss, **{metric_name(m): computed(m) for m in metrics}}, self.set_name)
         self.values = {self.prefix + k: v for k, v in values.items()}
-        if not math.isfinite(values['valid_loss']) and (bad := self.loss.first_nonfinite()) is not None:
+        if not math.isfinite(loss) and (bad := self.loss.first_nonfinite()) is not None:
             warnings.warn(
-                f'valid_loss is {values["valid_loss"]}: batch {bad} of the validation loader is the first '
+                f'{next(iter(values))} is {loss}: batch {bad} of the validation loader is the first '
                 'whose loss is not finite. Its inputs or targets may hold NaN or inf (torch.isfinite finds '
                 'them), or the model overflows on it',
                 stacklevel=3,
             )
 
 
+_SET_NAME = re.compile(r'[A-Za-z][A-Za-z0-9_]{0,63}')
+_RESERVED = ('train', 'valid', 'subset', 'ema', 'swa')  # a later set's columns would read as these columns'
+
+
+def _are_loaders(dls):
+    "A list of loaders (several sets), not a list of batches: every item iterable, and none a batch (tuple, dict, tensor)."
+    batch = (list, tuple, dict, str, torch.Tensor)
+    return (
+        isinstance(dls, (list, tuple))
+        and bool(dls)
+        and all(hasattr(d, '__iter__') and not isinstance(d, batch) for d in dls)
+    )
+
+# %% ../nbs/00f_parts.ipynb #defcc44b
 class FitState:
     "Whether a fit runs (one at a time: a lock, and the thread that holds it) and how the last one ended."
 
@@ -926,9 +996,9 @@ def build_optimizer(opt_func, groups, lr, device, previous=None):
     opt = opt_func(groups[0] if len(groups) == 1 else specs, lr=base, **({'fused': True} if fused else {}))
     return opt, base
 
-# %% ../nbs/00f_parts.ipynb #32d29c21
+# %% ../nbs/00f_parts.ipynb #2c45ba1a
 SNAPSHOT_ATTRS = (
-    'valid_dl',
+    'valid_dls',
     '_lr',
     'lr_note',
     'training',
@@ -993,7 +1063,7 @@ def probe_steps(learn, steps, cbs=(), name='probe'):
         for m, mode in zip(learn.model.modules(), modes):
             m.training = mode  # fit leaves the model in train mode
 
-# %% ../nbs/00f_parts.ipynb #5a281534
+# %% ../nbs/00f_parts.ipynb #dbe8ae78
 def _delegate(part, name):
     "A property that reads and writes `name` of the part `learn.<part>`: the part owns it."
     return property(
@@ -1046,6 +1116,24 @@ class PartNames:
     @train_dl.setter
     def train_dl(self, dl):
         self.data_pass = TrainPass(dl)
+
+    @property
+    def valid_dl(self):
+        "The validation loader (the first set's); set it to a loader, a dict of named loaders or a list of loaders."
+        return self.validation.first()
+
+    @valid_dl.setter
+    def valid_dl(self, dl):
+        self.validation.set_loaders(dl)
+
+    @property
+    def valid_dls(self):
+        "The validation sets by name, in order: the first set's columns are `valid_loss` and the metrics' names."
+        return dict(self.validation.sets)
+
+    @valid_dls.setter
+    def valid_dls(self, sets):
+        self.validation.set_loaders(sets)
 
     def train_end_step(self):
         return self.progress.train_end_step()

@@ -2,6 +2,8 @@
 or Hugging Face scheduler, several validation sets, images for the loggers."""
 
 import tempfile, warnings
+
+import pytest
 from pathlib import Path
 
 import torch
@@ -303,3 +305,116 @@ def test_torch_scheduler_composes_with_freeze_and_unfreeze_between_fits():
     learn.unfreeze()
     learn.fit(1)
     assert same_weights(learn.model, model) and learn.recorder.batches['lr'] == lrs
+
+
+# ---- several validation sets ----
+def test_several_validation_sets_reach_every_logger_and_monitor(tmp_path):
+    "valid_dl={'valid': ..., 'test': ...}: the test set's columns equal the set evaluated by hand, in every logger, table"
+    "and monitor; eval_subset applies to each set."
+    import io
+
+    from sklearn.metrics import accuracy_score
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from nbtrainer import (
+        EarlyStopping,
+        CSVLogger,
+        MLflowLogger,
+        ProgressCallback,
+        ReduceLROnPlateau,
+        TensorBoardLogger,
+        Tracker,
+    )
+    from nbtrainer.data import subset_loader
+    from nbtrainer.dashboard import Dashboard
+    from nbtrainer.track import runs
+
+    train, test = classification_data(96, 8), classification_data(50, 8, seed=7)
+    sets = {'valid': DataLoader(train, batch_size=32), 'test': DataLoader(test, batch_size=16)}
+    console, dash = io.StringIO(), Dashboard(display='html', plot=False)
+    from mlflow.tracking import MlflowClient
+
+    mlflow_uri = f'sqlite:///{tmp_path}/mlflow.db'  # its artifacts (the last checkpoint) in tmp_path, not here
+    MlflowClient(mlflow_uri).create_experiment('sets', artifact_location=str(tmp_path / 'mlartifacts'))
+    cbs = [
+        CSVLogger(tmp_path / 'log.csv'),
+        TensorBoardLogger(tmp_path / 'tb', run_name='run'),
+        MLflowLogger(tracking_uri=mlflow_uri, experiment='sets'),
+        Tracker(tmp_path / 'runs.db', monitor='test_loss'),
+        Checkpointer(tmp_path / 'ckpt', monitor='test_accuracy', mode='max'),
+        EarlyStopping(monitor='test_loss', patience=20),
+        ReduceLROnPlateau(monitor='test_loss', patience=20),
+        ProgressCallback(refresh=1e9, file=console),
+        dash,
+    ]
+    learn = Learner(
+        tiny_classifier(features=8), DataLoader(train, batch_size=16), sets, metrics='accuracy', progress=False, cbs=cbs
+    )
+    learn.fit(3, eval_every=3, eval_subset=20)
+    rows = learn.recorder.history
+    last = rows[-1]
+
+    def by_hand(dl):
+        "The loss (a mean over examples) and accuracy of the model on `dl`, with sklearn."
+        x = torch.cat([x for x, _ in dl])
+        y = torch.cat([y for _, y in dl])
+        with torch.no_grad():
+            out = learn.model.eval()(x)
+        return F.cross_entropy(out, y).item(), accuracy_score(y, out.argmax(1))
+
+    loss, accuracy = by_hand(sets['test'])
+    assert abs(last['test_loss'] - loss) < 1e-6 and abs(last['test_accuracy'] - accuracy) < 1e-12
+    sub_loss, sub_accuracy = by_hand(subset_loader(sets['test'], 20, learn.eval_seed))
+    assert abs(last['subset_test_loss'] - sub_loss) < 1e-6 and last['subset_test_accuracy'] == sub_accuracy
+    assert all({'subset_test_loss', 'subset_valid_loss'} <= r.keys() for r in rows)
+    assert learn.validate('test') == {'test_loss': last['test_loss'], 'test_accuracy': last['test_accuracy']}
+    values = [r['test_loss'] for r in rows if 'test_loss' in r] + [r['subset_test_loss'] for r in rows]
+
+    # every logger carries the test set's columns
+    import csv
+
+    logged = [r for r in csv.DictReader(open(tmp_path / 'log.csv')) if r['test_loss']]
+    assert float(logged[-1]['test_loss']) == last['test_loss'] and float(logged[-1]['test_accuracy']) == accuracy
+    events = EventAccumulator(str(tmp_path / 'tb' / 'run' / 'test'))
+    events.Reload()
+    assert events.Scalars('loss')[-1].value == pytest.approx(last['test_loss'], rel=1e-6)
+    assert events.Scalars('accuracy')[-1].step == last['step']
+    client = MlflowClient(mlflow_uri)
+    history = client.get_metric_history(cbs[2].run_id, 'test_loss')
+    assert history[-1].value == pytest.approx(last['test_loss'], rel=1e-9)
+    (run,) = runs(tmp_path / 'runs.db')
+    assert run.history[-1]['test_loss'] == last['test_loss'] and run.best['value'] == min(values)
+    assert 'test_loss' in console.getvalue() and 'test_accuracy' in console.getvalue()  # the console table
+    assert 'test_accuracy' in dash.summary or 'test_accuracy' in str(dash.static)  # the dashboard's table
+    # the monitors read the column: Checkpointer's best is the best test accuracy
+    best = cbs[4].table()[0]
+    from nbtrainer import monitored_value
+
+    assert monitored_value(best, 'test_accuracy') == max(monitored_value(r, 'test_accuracy') for r in rows)
+
+
+def test_a_study_monitors_a_second_sets_column(tmp_path):
+    optuna = pytest.importorskip('optuna')  # noqa: F841
+    from nbtrainer.study import Float, Study
+
+    train, test = classification_data(96, 8), classification_data(50, 8, seed=7)
+
+    def build(params):
+        sets = {'valid': DataLoader(train, batch_size=32), 'test': DataLoader(test, batch_size=16)}
+        return Learner(
+            tiny_classifier(features=8), DataLoader(train, batch_size=16), sets, lr=params['lr'], progress=False
+        )
+
+    study = Study(
+        'sets',
+        {'lr': Float(1e-3, 1e-1, log=True)},
+        build,
+        trials=2,
+        fit=dict(epochs=1),
+        db=tmp_path / 'runs.db',
+        monitor='test_loss',
+        pruner=None,
+        display=False,
+    ).run()
+    for run in study.runs():
+        assert run.best['value'] == min(r['test_loss'] for r in run.history)
