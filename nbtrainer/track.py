@@ -1469,3 +1469,33 @@ class MLflowLogger(Callback):
         resume, self._resume = self._resume, None
         if resume is not None:
             self._parent = {'run': resume['run'], 'step': self.learn.progress.parent['step']}
+
+# %% ../nbs/18_track.ipynb #61f05e5b
+from nbtrainer.core import patch_to
+from nbtrainer.loggers import file_tag, write_png
+from nbtrainer.runfiles import RUN_NAME, bare_name
+
+
+@patch_to(Tracker)
+def log_image(self, tag, array, step):
+    "An image (H×W×C uint8) in `<database name>-images/<run id>/<tag>-<step>.png`, beside the registry."
+    if self.run_id is None:
+        raise ValueError('the Tracker has no run yet: log pictures during a fit, or after one')
+    run = bare_name(str(self.run_id), RUN_NAME, str(self.db), 'run id')
+    write_png(self.db.with_name(self.db.stem + '-images') / run / f'{file_tag(tag)}-{step}.png', array)
+
+
+@patch_to(MLflowLogger)
+def log_image(self, tag, array, step):
+    "An image (H×W×C uint8) as the artifact `images/<tag>-<step>.png` of the MLflow run."
+    if self.run_id is None:
+        raise ValueError('the MLflowLogger has no run yet: log pictures during a fit, or after one')
+    self.client.log_image(self.run_id, array, artifact_file=f'images/{file_tag(tag)}-{step}.png')
+
+
+@patch_to(MLflowLogger)
+def log_figure(self, tag, fig, step):
+    "A matplotlib figure as the artifact `images/<tag>-<step>.png` of the MLflow run."
+    if self.run_id is None:
+        raise ValueError('the MLflowLogger has no run yet: log pictures during a fit, or after one')
+    self.client.log_figure(self.run_id, fig, artifact_file=f'images/{file_tag(tag)}-{step}.png')

@@ -418,3 +418,63 @@ def test_a_study_monitors_a_second_sets_column(tmp_path):
     ).run()
     for run in study.runs():
         assert run.best['value'] == min(r['test_loss'] for r in run.history)
+
+
+# ---- pictures for the loggers ----
+def test_pictures_reach_every_logger_that_keeps_them_and_never_fail_a_fit(tmp_path):
+    import numpy as np
+    import PIL.Image
+    from matplotlib.figure import Figure
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from nbtrainer import CSVLogger, MLflowLogger, TensorBoardLogger, Tracker
+
+    uri = f'sqlite:///{tmp_path}/mlflow.db'
+    MlflowClient(uri).create_experiment('pictures', artifact_location=str(tmp_path / 'art'))
+    image = np.random.default_rng(0).integers(0, 256, (6, 5, 3), dtype=np.uint8)
+
+    class Pictures(Callback):
+        def after_epoch(self):
+            self.learn.log_image('sample', torch.from_numpy(image).permute(2, 0, 1))  # C×H×W, as torch has it
+            fig = Figure(figsize=(1, 1))
+            fig.add_subplot().plot([1, 2])
+            self.learn.log_figure('curve', fig)
+
+    class Broken(Callback):
+        def log_image(self, tag, array, step):
+            raise OSError('disk full')
+
+    tracker, mlflow = Tracker(tmp_path / 'runs.db'), MLflowLogger(uri, 'pictures')
+    cbs = [TensorBoardLogger(tmp_path / 'tb', run_name='run'), CSVLogger(tmp_path / 'log.csv'), tracker, mlflow]
+    learn = Learner(tiny_classifier(features=8), DataLoader(scheduler_data(), batch_size=16), progress=False)
+    learn.add_cbs([*cbs, Broken(), Pictures()])
+    with pytest.warns(UserWarning, match='Broken could not log the picture .sample.: OSError: disk full'):
+        learn.fit(2)
+    assert learn.fit_outcome == 'finished'
+    steps = [6, 12]
+    events = EventAccumulator(str(tmp_path / 'tb' / 'run' / 'train'), size_guidance={'images': 0})
+    events.Reload()
+    assert [e.step for e in events.Images('sample')] == [e.step for e in events.Images('curve')] == steps
+    saved = np.asarray(PIL.Image.open(tmp_path / 'log-images' / 'sample-12.png'))
+    assert np.array_equal(saved, image)  # the picture, pixel for pixel
+    assert (tmp_path / 'log-images' / 'curve-6.png').exists()
+    assert np.array_equal(
+        np.asarray(PIL.Image.open(tmp_path / 'runs-images' / str(tracker.run_id) / 'sample-6.png')), image
+    )
+    artifacts = {a.path for a in MlflowClient(uri).list_artifacts(mlflow.run_id, 'images')}
+    assert artifacts == {f'images/{t}-{s}.png' for t in ('sample', 'curve') for s in steps}
+    # a bad image is one clear error before any logger writes; with no logger, nothing at all is done
+    before = sorted(p.name for p in (tmp_path / 'log-images').iterdir())
+    for bad, words in (
+        (np.zeros((5, 5, 2)), 'H×W, H×W×C or C×H×W'),
+        (np.full((4, 4), 2.0), 'values in [0, 1]'),
+        (np.full((4, 4), 300), 'values in 0..255'),
+    ):
+        with pytest.raises(ValueError, match=words.replace('[', r'\[').replace(']', r'\]')):
+            learn.log_image('bad', bad)
+    with pytest.raises(TypeError, match='log_figure takes a matplotlib figure'):
+        learn.log_figure('bad', image)
+    assert sorted(p.name for p in (tmp_path / 'log-images').iterdir()) == before
+    bare = Learner(tiny_classifier(features=8), DataLoader(scheduler_data(), batch_size=16), progress=False)
+    bare.log_image('anything', object())  # no logger attached: not even looked at
