@@ -61,7 +61,7 @@ from .precision import MixedPrecision
 from .recorder import Recorder, SkipNonFinite, monitored_value
 from .parts import Accumulation, FitProgress, SingleProcess, TrainPass
 from .core import Learner, patch_to
-from .progress import ProgressCallback
+from .progress import ProgressCallback, ProgressLog
 from .plotting import plot_history
 from nbtrainer.checkpoint import (
     Checkpointer,
@@ -146,6 +146,7 @@ __all__ = [
     'Perplexity',
     'Precision',
     'ProgressCallback',
+    'ProgressLog',
     'R2',
     'RMSE',
     'Recall',

@@ -107,6 +107,7 @@ _SCOPES = (
 
 def _default_callbacks(progress, dashboard, display, preemption, skip_nonfinite, fork_points):
     "The callbacks a Learner's arguments add besides its Recorder: the display, Preemption, SkipNonFinite, ForkPoints."
+    display = 'log' if progress == 'log' else display  # progress='log': plain lines for a log file, anywhere
     defaults = [_hook('display', 'Learner(progress=True)')(dashboard, display)] if progress else []
     if preemption and HOOKS['preemption'] is not None:
         defaults.append(HOOKS['preemption']())

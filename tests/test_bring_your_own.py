@@ -478,3 +478,69 @@ def test_pictures_reach_every_logger_that_keeps_them_and_never_fail_a_fit(tmp_pa
     assert sorted(p.name for p in (tmp_path / 'log-images').iterdir()) == before
     bare = Learner(tiny_classifier(features=8), DataLoader(scheduler_data(), batch_size=16), progress=False)
     bare.log_image('anything', object())  # no logger attached: not even looked at
+
+
+# ---- logs a cluster can read ----
+FIT_SCRIPT = '''
+import sys, torch
+from torch.utils.data import DataLoader
+from nbtrainer import Learner, EMA
+from nbtrainer.testing import classification_data, tiny_classifier
+ds = classification_data(96, 8)
+kwargs = {'progress': sys.argv[1]} if sys.argv[1] == 'log' else {}
+learn = Learner(tiny_classifier(features=8), DataLoader(ds, batch_size=16), DataLoader(ds, batch_size=32),
+                metrics=('accuracy', 'f1'), train_metrics=('accuracy',), cbs=[EMA()], **kwargs)
+learn.fit(3)
+'''
+
+
+def test_a_fit_logged_to_a_file_has_no_control_characters(tmp_path):
+    "stdout and stderr in one file (> log 2>&1, nohup, SLURM): a line at the start, a row per evaluation, a line at the end."
+    import subprocess, sys
+
+    for progress in ('default', 'log'):
+        log = tmp_path / f'{progress}.log'
+        with open(log, 'w') as out:
+            done = subprocess.run(
+                [sys.executable, '-c', FIT_SCRIPT, progress], stdout=out, stderr=subprocess.STDOUT, timeout=300
+            )
+        text = log.read_text()
+        assert done.returncode == 0, text
+        assert not any(c in text for c in '\r\x1b\b'), repr(text[:500])
+        lines = text.splitlines()
+        assert lines[0].startswith('Fit started: 3 epochs, 18 steps from step 0') and len(lines) == 5, lines
+        assert all(line.startswith('epoch=') and ' ema_valid_loss=' in line for line in lines[1:4])
+        assert lines[-1].startswith('Fit finished at step 18 of 18 (epoch 3,')
+
+
+def test_the_console_table_wraps_between_columns_at_the_terminals_width(tmp_path):
+    "In a terminal of 60 columns the bars stay, and each table line fits: a column is never cut."
+    import fcntl, os, pty, re, struct, subprocess, sys, termios
+
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack('HHHH', 24, 60, 0, 0))  # a terminal of 24 rows, 60 columns
+    proc = subprocess.Popen(
+        [sys.executable, '-c', FIT_SCRIPT, 'default'],
+        stdin=child,
+        stdout=child,
+        stderr=child,
+        env={k: v for k, v in os.environ.items() if k not in ('COLUMNS', 'LINES')},
+        close_fds=True,
+    )
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    assert proc.wait(timeout=300) == 0
+    os.close(main)
+    text = b''.join(chunks).decode()
+    assert '\r' in text and 'epoch:' in text  # the bars, in a terminal
+    plain = [re.sub(r'\x1b\[[0-9;]*[A-Za-z]', '', line.rstrip('\r').split('\r')[-1]) for line in text.split('\n')]
+    table = [line for line in plain if re.fullmatch(r'[ \w.+-]+', line.strip() or '?') and line.strip()]
+    assert any('ema_valid_loss' in line for line in table) and all(len(line) <= 60 for line in table), table

@@ -417,7 +417,7 @@ def test_only_rank_0_writes_files(tmp_path, strategy):
     ]  # rank 0's checkpoints, no leftovers
     (cbs0, step0, acc0), (cbs1, step1, acc1) = per_rank
     assert step0 == step1 == 15 and acc0 == acc1  # the same decisions and the same global metrics
-    writers = {'CSVLogger', 'LivePlot', 'ProgressCallback', 'TensorBoardLogger', 'Tracker'}
+    writers = {'CSVLogger', 'LivePlot', 'ProgressLog', 'TensorBoardLogger', 'Tracker'}  # a worker's output: a pipe
     assert writers <= set(cbs0) and not writers & set(cbs1)
     assert all((tmp_path / 'ckpt' / k).is_dir() == (strategy == 'fsdp') for k in kept if k.endswith('.pt'))
 
