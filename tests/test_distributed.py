@@ -234,6 +234,20 @@ def test_an_evaluation_iterable_that_is_not_a_loader_is_not_summed_twice():
     assert launch(validate_list, nprocs=2).sum() == 30
 
 
+def model_state_dict():
+    learn = Learner(make_model(), loader(dataset(16)), progress=False)
+    learn.fit(1)
+    return {'weights': learn.model.state_dict(), 'wrapped': type(learn.model).__name__}
+
+
+def test_launch_returns_a_ddp_models_state_dict_as_the_plain_models():
+    "The docs say: return a state_dict. learn.model is DDP's wrapper, whose keys start with module.: they come back plain."
+    result = launch(model_state_dict, nprocs=2)
+    assert result['wrapped'] == 'DistributedDataParallel'
+    assert list(result['weights']) == list(make_model().state_dict())
+    make_model().load_state_dict(result['weights'])
+
+
 def two_sets():
     "Two validation sets, of 31 examples (a rank gets a repeated one, weighted 0) and 30."
     return {
