@@ -61,7 +61,7 @@ from .precision import MixedPrecision
 from .recorder import Recorder, SkipNonFinite, monitored_value
 from .parts import Accumulation, FitProgress, SingleProcess, TrainPass
 from .core import Learner, patch_to
-from .progress import ProgressCallback
+from .progress import ProgressCallback, ProgressLog
 from .plotting import plot_history
 from nbtrainer.checkpoint import (
     Checkpointer,
@@ -77,7 +77,7 @@ from .early_stopping import EarlyStopping
 from .loggers import CSVLogger, TensorBoardLogger
 from .evaluate import Evaluation, Report, SavePredictions
 from .diagnose import DataWait, DataWaitWarning, DevicePrefetcher
-from .schedule import ParamScheduler, Schedule, Segment, one_cycle
+from .schedule import ParamScheduler, Schedule, Segment, TorchScheduler, one_cycle
 from .finetune import EMA, SWA, ReduceLROnPlateau, Summary, by_depth, head_body, layer_decay
 from .lr_finder import LRFinder, LRFinderResult, suggest_lrs
 from .liveplot import LivePlot
@@ -148,6 +148,7 @@ __all__ = [
     'Perplexity',
     'Precision',
     'ProgressCallback',
+    'ProgressLog',
     'R2',
     'RMSE',
     'Recall',
@@ -161,6 +162,7 @@ __all__ = [
     'SingleProcess',
     'SkipNonFinite',
     'TensorBoardLogger',
+    'TorchScheduler',
     'TrainPass',
     'TopKAccuracy',
     'Tracker',

@@ -604,8 +604,8 @@ def _check_training_state(learn, state, path, check_data=True, allow_changes=Non
 def load_training_state(learn, state, path, check_data=True, allow_changes=None, strict=False, lr_given=False):
     "Put back a state from `training_state` or a checkpoint file (`path` names it in messages), all checked before any change."
     state, keys, rows, verify = _check_training_state(learn, state, path, check_data, allow_changes, strict, lr_given)
+    learn.lr = state['lr']  # the base lr first: the optimizer's groups then get the lrs they had (a schedule's)
     _load_tensors(learn, state, path)
-    learn.lr = state['lr']
     for name, part in learn.parts().items():
         if name in state:
             part.load_state_dict(state[name])
@@ -991,11 +991,18 @@ def _checkpointer(learn):
 @patch_to(Learner)
 @fills('resume')
 def resume(learn, checkpoint=True, allow_changes=None, lr_given=False):
-    """The Learner's `resume` hook (`fit(resume=...)`): load its `Checkpointer`'s newest intact checkpoint, or a file.
-    A newest one that is unreadable, malformed or not a file at all is skipped with a warning naming it, for the next."""
+    """The Learner's `resume` hook (`fit(resume=...)`): load its `Checkpointer`'s newest intact checkpoint if it was taken
+    in this fit call, or a file; skip a call the checkpoint's run finished. A newest checkpoint that is unreadable,
+    malformed or not a file at all is skipped with a warning naming it, for the next."""
     learn.strategy.barrier()  # every checkpoint rank 0 was writing is on disk
+    compare = not (allow_changes is True or 'calls' in (allow_changes or ()))
+    if allow_changes is not True:  # 'calls': another script's calls; the rest are parts of the configuration
+        allow_changes = tuple(c for c in allow_changes or () if c != 'calls') or None
+    record = learn.progress.calls[-1]  # this call's plan, as given: what the resumed call follows
     if checkpoint is not True:
-        return learn.load(checkpoint, allow_changes=allow_changes, strict=True, lr_given=lr_given)
+        state = learn.load(checkpoint, allow_changes=allow_changes, strict=True, lr_given=lr_given)
+        learn.progress.continue_call(record)
+        return state
     skipped = set()
     while True:
         path = _newest_readable(_checkpointer(learn).folder, skip=skipped) if learn.main_process else None
@@ -1003,10 +1010,34 @@ def resume(learn, checkpoint=True, allow_changes=None, lr_given=False):
         if path is None:
             return None  # nothing (intact) saved yet: start afresh
         try:
-            return learn.load(path, allow_changes=allow_changes, strict=True, lr_given=lr_given)
+            state = read_checkpoint(path, learn.device)
+            place = _place(learn, state, path, compare)
+            if place == 'done':  # its run finished this call: nothing to train, nothing to load
+                learn.progress.skip_call()
+                learn.fit_state.end()
+            if place != 'this':
+                return None  # 'later': its run never reached this call, which starts from the state in memory
+            if 'optimizer' not in state:
+                raise BadFileError(f'{path} holds weights only: not a checkpoint a fit resumes')
+            state = load_training_state(learn, state, path, True, allow_changes, True, lr_given)
+            learn.progress.continue_call(record)
+            return state
         except BadFileError as e:  # all or nothing: the Learner is as it was, so the next one can be tried
             warnings.warn(f'resume=True skipped {path}: {e}', stacklevel=4)
             skipped.add(path)
+
+
+def _place(learn, state, path, compare=True):
+    "This fit call in the run of checkpoint `state` (`FitProgress.place`): 'done', 'this' or 'later'."
+    saved = state.get('progress')
+    if not isinstance(saved, dict):
+        return 'this'  # an older format's: its fit is this one
+    with _malformed(path):
+        try:
+            learn.progress.check_state(saved)
+        except ValueError as e:
+            raise BadFileError(f'{path}: its progress state cannot be loaded: {str(e)[:300]}') from None
+        return learn.progress.place(saved, compare)
 
 
 def _mtime(path):

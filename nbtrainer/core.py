@@ -107,6 +107,7 @@ _SCOPES = (
 
 def _default_callbacks(progress, dashboard, display, preemption, skip_nonfinite, fork_points):
     "The callbacks a Learner's arguments add besides its Recorder: the display, Preemption, SkipNonFinite, ForkPoints."
+    display = 'log' if progress == 'log' else display  # progress='log': plain lines for a log file, anywhere
     defaults = [_hook('display', 'Learner(progress=True)')(dashboard, display)] if progress else []
     if preemption and HOOKS['preemption'] is not None:
         defaults.append(HOOKS['preemption']())
@@ -150,8 +151,9 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
         strategy='auto',
         display=None,
     ):
-        for name, dl in (('train_dl', train_dl), ('valid_dl', valid_dl)):
-            check_loader(name, dl)
+        check_loader('train_dl', train_dl)
+        self.validation, self.fit_state = Validation(), FitState()
+        self.valid_dl = valid_dl  # the validation sets (a loader, or several: a dict by name, a list), checked
         clip_grad_norm = check_arguments(loss_func, compile, clip_grad_norm)
         self.window, self.device = Accumulation(accumulate), resolve_device(device)  # the parts: nbs/00f_parts.ipynb
         self.precision, self.progress = MixedPrecision(precision, self.device), FitProgress()
@@ -164,12 +166,11 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
         self.param_groups.on_change = self._rewrap
         if compile:
             self.model = torch.compile(self.model, **(compile if isinstance(compile, dict) else {}))
-        self.data_pass, self.valid_dl, self.clip_grad_norm = TrainPass(train_dl), valid_dl, clip_grad_norm
+        self.data_pass, self.clip_grad_norm = TrainPass(train_dl), clip_grad_norm
         self.loss_func, self.opt_func, self.opt, self._lr = loss_func, opt_func, None, lr  # lr: spread over the groups
         self.metrics = make_metrics(default_metrics(loss_func) if metrics is None else metrics, loss_func, self.device)
         self.lr_note = None  # why learn.lr is no lr to train at (lr_find found no descent); setting lr clears it
         self.create_opt()
-        self.validation, self.fit_state = Validation(), FitState()
         self.grad_norm, self.model_output, self.status = None, None, {}  # status: texts callbacks post for displays
         self.xb = self.yb = self.pred = self.tokens = None  # predict_batch saves and restores them, before any fit too
         self._check_next = self._read_pairs = False  # the phase's first batch is checked; pairs are read in place
@@ -178,7 +179,8 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
         super().__init__([self.recorder, *defaults, *cbs], _SCOPES)  # the callbacks, and the event pairs (EventScope)
 
     def validation_names(self):
-        return {'valid_loss', *(metric_name(m) for m in self.metrics)}
+        "The validation columns, in order: `valid_loss` and the metrics' names, then each other set's (`test_loss`, ...)."
+        return self.validation.columns(self.metrics)
 
     def evaluation_columns(self):
         "The columns this fit's evaluation rows will have: what monitors may name (callbacks add theirs in `eval_columns`)."
@@ -186,7 +188,7 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
         present = {'grad_norm': self.clip_grad_norm is not None, 'skipped_steps': self.precision.scaler is not None}
         columns = {'epoch', 'step', 'train_loss', 'lr', 'time', *train_metrics, *filter(present.get, present)}
         if self.valid_dl is not None:
-            columns |= self.validation_names()
+            columns.update(self.validation_names())
         return columns | {c for cb in self.cbs for c in getattr(cb, 'eval_columns', None) or ()}
 
     # ---- optimizer and lr ----
@@ -249,32 +251,35 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
             try:
                 # first: a callback refuses what it must hold alone (a folder's lock) before any file is opened
                 self('claim')
-                self._plan_fit(
-                    epochs, steps, steps_per_epoch, eval_every, eval_subset, lr, reset_opt, resume, allow_changes
-                )
-                self._run_fit()
+                plan = dict(epochs=epochs, steps=steps, steps_per_epoch=steps_per_epoch, eval_every=eval_every)
+                if self._plan_fit(eval_subset, lr, reset_opt, resume, allow_changes, **plan):
+                    self._run_fit()  # else resume=True found this call finished in the run it continues
             finally:
                 try:
                     self._fire_all('release')
                 finally:
                     self.remove_cbs(cbs)
 
-    def _plan_fit(self, epochs, steps, steps_per_epoch, eval_every, eval_subset, lr, reset_opt, resume, allow_changes):
+    def _plan_fit(self, eval_subset, lr, reset_opt, resume, allow_changes, epochs, steps, steps_per_epoch, eval_every):
         check_plan(epochs, steps, steps_per_epoch, eval_every)
         n_batches = check_fit_loaders(self.train_dl, self.valid_dl, epochs, steps_per_epoch)
         progress, continuing = self.progress, self.progress.continuing
-        progress.start_fit()
+        plan = dict(epochs=epochs, steps=steps, steps_per_epoch=steps_per_epoch, eval_every=eval_every)
+        progress.start_fit(bool(resume), **plan, eval_subset=eval_subset, lr=lr, reset_opt=reset_opt)
         if resume:  # the hook nbtrainer.checkpoint fills: the whole state back, the fit's start and position included
             _hook('resume', 'fit(resume=...)')(self, resume, allow_changes=allow_changes, lr_given=lr is not None)
-        if reset_opt:
+        if progress.done_before:
+            return False  # this call's place in the script was done: it trains nothing and changes nothing
+        if reset_opt and 'reset_opt' not in progress.restored:  # asked anew, not restored by resume= as recorded
             self.create_opt()
-        if lr is not None:
+        if lr is not None and 'lr' not in progress.restored:
             self.lr = lr
         per_pass = math.ceil(n_batches / self.window.n) if n_batches else None  # optimizer steps in a pass
         progress.plan(epochs, steps, steps_per_epoch, eval_every, per_pass, eval_subset)
         if continuing and not resume:
             progress.check_left()  # a fork's fit with nothing left says which call goes on
-        self.validation.plan(self.valid_dl, eval_subset, self.eval_seed)  # eval_subset: on a fixed, seeded subset
+        self.validation.plan(self.metrics, eval_subset, self.eval_seed)  # eval_subset: a fixed, seeded subset of each
+        return True
 
     def _run_fit(self):
         "The fit in its scope, whose closing events (`after_fit`) reach every callback whatever ended it."
@@ -296,7 +301,7 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
                         self._evaluate()
                     row = self.eval_row  # a subset fit evaluates the full set once, at the end, unless that row has it
                     if self.eval_prefix and not (row and row.get('step') == self.step and 'valid_loss' in row):
-                        self._evaluate(self.valid_dl, '')
+                        self._evaluate(full=True)
         finally:
             self.fit_state.running, self.fit_state.thread, progress.epoch_done = False, None, False
             if not progress.steps_per_epoch:
@@ -333,7 +338,7 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
         if data.resume_at or not progress.steps_per_epoch:
             data.end()  # an epoch is a pass of its own
         while progress.step < end:
-            if not data.under_way and data.start() and progress.eval_due():
+            if not data.under_way and data.start(progress.epoch) and progress.eval_due():
                 self._evaluate()  # resumed where one was due
             for self.iter, batch in data.batches:
                 data.batches_done = self.iter + 1  # taken from the loader, as a checkpoint in after_batch must know
@@ -444,48 +449,48 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
 
     # ---- validation, and the fit's evaluations ----
     def validate(self, dl=None, ema=False):
-        "Evaluate on `dl` (default: `valid_dl`); {metric name: value}. `ema=True`: with a callback's averaged weights."
+        "Evaluate on every validation set (`dl`: a loader, or a set's name); {column: value}. `ema=True`: EMA's weights."
         swaps = (getattr(cb, 'averaged_weights', lambda: None)() for cb in self.cbs)  # the hook EMA and SWA fill
         swap = next(filter(None, swaps), None) if ema else contextlib.nullcontext()
         if swap is None:
             raise ValueError('validate(ema=True) needs an EMA callback that averaged: cbs=[EMA()], a fit')
-        saved, evaluating = self.metric_values, self.evaluating
+        saved, evaluating, values = self.metric_values, self.evaluating, {}
         self.evaluating = False  # inside a fit's evaluation (e.g. EMA's): not one itself
         try:
             with swap:
-                return dict(self._run_validate(self._valid_dl(dl)))
+                for name, loader in self._valid_dl(dl, every=True):
+                    values.update(self._run_validate(loader, name=name))
+                return values
         finally:
             if evaluating:
                 self.evaluating, self.metric_values = True, saved  # that evaluation's values, for its row
 
     def get_preds(self, dl=None):
-        "Predictions and targets for `dl` (default: `valid_dl`), concatenated on the CPU; padding (weight 0) left out."
+        "Predictions and targets for `dl` (default: `valid_dl`; a set's name), concatenated on the CPU; padding left out."
         preds, targets = [], []
         self._run_validate(self._valid_dl(dl), collect=(preds, targets))
         preds, targets = as_float32(torch.cat(preds).cpu()), (torch.cat(targets).cpu() if targets else None)
         return self.strategy.gather_rows(preds), self.strategy.gather_rows(targets)  # DDP: every rank's, in order
 
-    def _evaluate(self, dl=None, prefix=None):
-        "One of the fit's evaluations (`learn.evaluating`): validate, add a history row, fire `after_eval`."
-        validation = self.validation
+    def _evaluate(self, full=False):
+        "One of the fit's evaluations (`learn.evaluating`): validate each set, add a history row, fire `after_eval`."
+        validation, values = self.validation, {}
         self.progress.last_eval_step, validation.evaluating = self.step, True
-        try:
-            values = self._run_validate(
-                validation.fit_dl if dl is None else dl, prefix=validation.fit_prefix if prefix is None else prefix
-            )
-            if dl is None and validation.fit_prefix and self.progress.fit_ends_now():  # the fit's last: full set too
-                validation.values = {**values, **self._run_validate(self.valid_dl)}
+        try:  # the fit's sets (or their subsets; at the fit's last, the whole sets too), or the whole sets (`full`)
+            for name, dl, prefix in validation.evaluations(full, self.progress.fit_ends_now()):
+                values.update(self._run_validate(dl, prefix=prefix, name=name))
+            validation.values = values
             self.strategy.end_evaluation(self)  # DDP: the training statistics since the last row, summed
             validation.row = self.recorder.add_row()
             self('after_eval')
         finally:
             validation.evaluating = False
 
-    def _run_validate(self, dl, collect=None, prefix=''):
+    def _run_validate(self, dl, collect=None, prefix='', name=None):
         saved = self.training, getattr(self, 'dl', None), getattr(self, 'iter', None), self._check_next
         validation, model_mode = self.validation, self.model.training
         self._set_phase(False)
-        validation.start(self.metrics, prefix, collect)
+        validation.start(self.metrics, prefix, collect, name)
         self.model.eval()
         if self.fitting:
             self.data_pass.hold_rng()  # a checkpoint saved now keeps training's random state
@@ -507,10 +512,9 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
             self.data_pass.release_rng()
         return validation.values
 
-    def _valid_dl(self, dl):
+    def _valid_dl(self, dl, every=False):
+        "The loader to validate: `dl`, the set it names, or the first set; `every`: (name, loader) of each, or of `dl`."
         if self.fitting and self.fit_state.thread != threading.get_ident():
             raise RuntimeError('a fit is running on this Learner in another thread: validate or predict after it ends')
-        dl = dl if dl is not None else self.valid_dl
-        if dl is None:
-            raise ValueError('no validation data: pass valid_dl= to Learner, or dl= here')
-        return dl
+        sets = self.validation.chosen(dl)
+        return sets if every else sets[0][1]

@@ -17,9 +17,9 @@ from .checks import hyperparameter
 from .control import Controls
 from .core import Learner, fills, patch_to
 from .liveplot import LivePlot
-from .metrics import metric_name
 from nbtrainer.progress import (
     ProgressCallback,
+    ProgressLog,
     brief_traceback,
     current_kernel,
     describe_ending,
@@ -27,6 +27,7 @@ from nbtrainer.progress import (
     format_header,
     format_row,
     in_jupyter,
+    to_terminal,
     widget_bundle,
 )
 from .render import DISPLAY_DPI, FIGURE_SIZE, Renderer
@@ -372,7 +373,7 @@ class Dashboard(Callback):
             'epoch',
             'step',
             'train_loss',
-            *(['valid_loss', *map(metric_name, learn.metrics)] if learn.valid_dl is not None else []),
+            *(learn.validation_names() if learn.valid_dl is not None else []),
             'lr',
             'time',
         ]
@@ -826,7 +827,7 @@ def dashboard(learn):
     dash.show()
 
 # %% ../nbs/17_dashboard.ipynb #4607188e
-DISPLAYS = ('widgets', 'html', 'text')
+DISPLAYS = ('widgets', 'html', 'text', 'log')
 
 
 def display_kind(display=None):
@@ -834,9 +835,11 @@ def display_kind(display=None):
     asked = display if display is not None else os.environ.get('NBTRAINER_DISPLAY') or None
     if asked is not None and asked not in ('auto', *DISPLAYS):
         source = 'Learner(display=)' if display is not None else 'the environment variable NBTRAINER_DISPLAY'
-        raise ValueError(f"{source} must be 'widgets', 'html', 'text' or 'auto', got {asked!r}")
+        raise ValueError(f"{source} must be 'widgets', 'html', 'text', 'log' or 'auto', got {asked!r}")
+    if asked == 'log':
+        return 'log'  # plain lines, anywhere
     if not in_jupyter():
-        return 'text'  # a terminal or a script
+        return 'text'  # a terminal or a script (progress_display: lines, not bars, when stderr is no terminal)
     if asked in (None, 'auto'):
         return 'widgets' if importlib.util.find_spec('ipywidgets') else 'html'
     return asked
@@ -845,8 +848,12 @@ def display_kind(display=None):
 @fills('display')  # what Learner(progress=True) shows
 def progress_display(dashboard=True, display=None):
     """The display `Learner(progress=True)` installs: in Jupyter the `Dashboard` with or without its controls widget
-    (plain bars with `dashboard=False`), text bars in a terminal, a script, or with `display='text'`."""
+    (plain bars with `dashboard=False`), text bars in a terminal or with `display='text'`, and `ProgressLog`'s plain
+    lines with `display='log'` (`Learner(progress='log')`) or where the output is not a terminal (a log file)."""
     kind = display_kind(display)
+    asked = display if display is not None else os.environ.get('NBTRAINER_DISPLAY')
+    if kind == 'log' or (kind == 'text' and asked != 'text' and not in_jupyter() and not to_terminal()):
+        return ProgressLog()  # asked for, or a script whose output goes to a file: plain lines, no bars
     if kind == 'text':
         return ProgressCallback(file=sys.stdout if in_jupyter() else None)
     if not dashboard:

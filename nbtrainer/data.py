@@ -250,6 +250,17 @@ def skip_batches(dl, n):
         next(batches)  # an iterable that cannot skip: read and drop
     return batches
 
+# %% ../nbs/00b_data.ipynb #21bf9794
+def set_epoch(dl, epoch):
+    "Call `set_epoch(epoch)` on `dl`'s sampler, batch sampler (and its sampler) and dataset, each that has one, once."
+    batch_sampler = getattr(dl, 'batch_sampler', None)
+    holders = (getattr(dl, 'sampler', None), batch_sampler, getattr(batch_sampler, 'sampler', None))
+    seen = set()
+    for holder in (*holders, getattr(dl, 'dataset', None)):
+        if holder is not None and id(holder) not in seen and callable(getattr(holder, 'set_epoch', None)):
+            seen.add(id(holder))
+            holder.set_epoch(epoch)
+
 # %% ../nbs/00b_data.ipynb #e19ed651
 def data_fingerprint(dl):
     "What decides an epoch's batches: dataset length, batch size, number of batches, sampler kind (None where unknown)."

@@ -474,11 +474,8 @@ class DistributedTrainer(SingleProcess, name='ddp'):
             )
 
     def start_train(self, learn):
-        dl = learn.train_dl
-        sampler = getattr(dl, 'sampler', None)
-        if hasattr(sampler, 'set_epoch'):
-            sampler.set_epoch(learn.epoch)  # a new shuffle, the same on every rank
-        self._global_sizes = global_batch_size(dl, 0) is not None  # the sampler tells each batch's global count
+        # the sampler's set_epoch (a new shuffle, the same on every rank) is called when a pass starts, in every mode
+        self._global_sizes = global_batch_size(learn.train_dl, 0) is not None  # the sampler tells each batch's count
 
     def end_evaluation(self, learn):
         sync_training_stats(learn.recorder, learn.device)  # before the row is made
@@ -558,6 +555,28 @@ def _leave_jupyter():
         InteractiveShell.clear_instance()
 
 # %% ../nbs/15_distributed.ipynb #790a06ad
+def _unprefixed(key):
+    while key.startswith(('module.', '_orig_mod.')):
+        key = key.split('.', 1)[1]
+    return key
+
+
+def plain_result(value):
+    "Rank 0's result as `launch` returns it: a state_dict in it (tensors by name) without DDP's `module.` prefixes."
+    if (
+        isinstance(value, dict)
+        and value
+        and all(isinstance(k, str) and k.startswith(('module.', '_orig_mod.')) for k in value)
+        and all(isinstance(v, torch.Tensor) for v in value.values())
+    ):
+        return type(value)((_unprefixed(k), v) for k, v in value.items())
+    if type(value) in (list, tuple, dict):
+        items = value.items() if type(value) is dict else enumerate(value)
+        plain = {k: plain_result(v) for k, v in items}
+        return plain if type(value) is dict else type(value)(plain.values())
+    return value
+
+
 def _worker(rank_, world, port, backend, timeout, threads, out, result, payload):
     fd = out.fileno()
     os.dup2(fd, 1)
@@ -579,7 +598,7 @@ def _worker(rank_, world, port, backend, timeout, threads, out, result, payload)
     try:
         init_distributed(backend, timeout)
         barrier()  # every rank has connected before any runs `fn`: one that fails at once cannot cut a setup short
-        value = fn(*args, **kwargs)
+        value = plain_result(fn(*args, **kwargs))  # a DDP model's state_dict: the plain model's keys
         if rank_ == 0:
             try:
                 result.send_bytes(pickle.dumps(value))  # by value: the worker's shared memory ends with it

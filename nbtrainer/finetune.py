@@ -116,12 +116,13 @@ def unfreeze(learn):
 def fine_tune(learn, epochs, base_lr=None, freeze_epochs=1, lr_mult=100, pct_start=0.3, div=5.0, **kwargs):
     "The head for `freeze_epochs`, then every group for `epochs` at lrs from `base_lr / 2 / lr_mult` to `base_lr / 2`."
     base_lr = learn.lr if base_lr is None else base_lr
-    if freeze_epochs:
-        learn.freeze()
-        learn.fit_one_cycle(freeze_epochs, slice(base_lr), pct_start=0.75, **kwargs)  # mostly warmup (fastai: 0.99)
-    base_lr /= 2
-    learn.unfreeze()
-    learn.fit_one_cycle(epochs, slice(base_lr / lr_mult, base_lr), pct_start=pct_start, div=div, **kwargs)
+    with learn.progress.calling('fine_tune'):  # two fit calls, each recorded as fit_one_cycle in fine_tune
+        if freeze_epochs:
+            learn.freeze()
+            learn.fit_one_cycle(freeze_epochs, slice(base_lr), pct_start=0.75, **kwargs)  # mostly warmup (fastai: 0.99)
+        base_lr /= 2
+        learn.unfreeze()
+        learn.fit_one_cycle(epochs, slice(base_lr / lr_mult, base_lr), pct_start=pct_start, div=div, **kwargs)
 
 # %% ../nbs/12b_finetune.ipynb #7b30829a
 def _tensors(model):
@@ -147,7 +148,7 @@ class EMA(Callback):
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
                 raise ValueError(f'{name} must be an int >= {least}, got {v!r}')
         self.decay, self.every, self.warmup, self.evaluate = decay, every, warmup, evaluate
-        self.averaged, self.updates, self._inside, self._dl = None, 0, False, None
+        self.averaged, self.updates, self._inside, self._dl, self._set = None, 0, False, None, None
 
     def _live(self):
         return _tensors(plain_model(self.learn.model))
@@ -213,8 +214,8 @@ class EMA(Callback):
             torch._foreach_copy_([t.detach() for t in self._live()], self.averaged)
 
     def before_validate(self):
-        if not self._inside:
-            self._dl = self.learn.dl  # the evaluation's loader, before DDP shards it
+        if not self._inside:  # the evaluation's loader, before DDP shards it, and its set (its columns' names)
+            self._dl, self._set = self.learn.dl, self.learn.validation.set_name
 
     def after_validate(self):
         learn = self.learn
@@ -228,7 +229,8 @@ class EMA(Callback):
                 averaged = learn.validate(self._dl)  # the evaluation's own values stay
         finally:
             self._inside = False
-        learn.metric_values.update({self.prefix + k: v for k, v in averaged.items()})  # this evaluation's row's
+        named = learn.validation.rename(averaged, self._set)  # a second set's: ema_test_loss, ...
+        learn.metric_values.update({self.prefix + k: v for k, v in named.items()})  # this evaluation's row's
 
     def state_dict(self):
         return {} if self.averaged is None else {'averaged': self.averaged, 'updates': self.updates}

@@ -8,11 +8,12 @@ Docs: https://nbtrainer.github.io/nbtrainer/loggers.html.md"""
 __all__ = ['CSVLogger', 'TensorBoardLogger']
 
 # %% ../nbs/06_loggers.ipynb #56477531
-import csv, os, time, warnings
+import contextlib, csv, io, os, re, time, warnings
 from pathlib import Path
 
 from .callback import Callback, Order
 from .checks import writable_folder
+from .core import Learner, patch_to
 from .recorder import Recorder
 from nbtrainer.runfiles import (
     RUN_NAME,
@@ -25,7 +26,6 @@ from nbtrainer.runfiles import (
     open_file,
     real_folder,
 )
-from .metrics import metric_name
 
 # %% ../nbs/06_loggers.ipynb #09571361
 class CSVLogger(Callback):
@@ -58,7 +58,7 @@ class CSVLogger(Callback):
 
     def _start_file(self):
         learn = self.learn
-        evaluated = ['valid_loss', *(metric_name(m) for m in learn.metrics)]
+        evaluated = learn.validation_names()  # every validation set's columns: valid_loss, accuracy, test_loss, ...
         self.columns = [*Recorder.columns, *evaluated, *(learn.eval_prefix + c for c in evaluated if learn.eval_prefix)]
         writable_folder(self.path.parent, 'CSVLogger')
         kind = file_kind(self.path)
@@ -134,6 +134,10 @@ class CSVLogger(Callback):
         self._restored = (state['rows'], state['logged'])  # the file is cut back when the fit starts, not by a load
         self._logged, self._evals, self._unwritten = state['logged'], [], 0
 
+    def log_image(self, tag, array, step):
+        "An image (H×W×C uint8) as `<tag>-<step>.png` in the folder `<log name>-images` beside the log."
+        write_png(self.path.with_name(self.path.stem + '-images') / f'{file_tag(tag)}-{step}.png', array)
+
     def _truncate(self, n_rows):
         "Cut the file back to its header and `n_rows` data rows, dropping rows written after a checkpoint."
         try:
@@ -186,7 +190,7 @@ class TensorBoardLogger(Callback):
             dict(hparams or {}),
             log_every,
         )
-        self.run_dir, self.writers = None, {}
+        self.run_dir, self.writers, self._sets = None, {}, []
         self._logged, self._purge_steps = None, {}
 
     def before_fit(self):
@@ -201,14 +205,14 @@ class TensorBoardLogger(Callback):
         writable_folder(self.log_dir, 'TensorBoardLogger')
         if self.run_dir is None:
             self.run_dir = self._new_run_dir()
-        for folder in (self.run_dir, self.run_dir / 'train', self.run_dir / 'valid'):
+        self._sets = list(learn.valid_dls)[1:]  # a writer each for the other validation sets: test/loss, ...
+        splits = ('train', 'valid', *self._sets)
+        for folder in (self.run_dir, *(self.run_dir / s for s in splits)):
             real_folder(folder, 'TensorBoard run folder')  # a link there would make the writers write elsewhere
         if self._logged is None:  # a new logger, or one just restored: log from the next batch on
             learn.recorder.flush()
             self._logged = len(learn.recorder.batches['loss'])
-        self.writers = {
-            s: SummaryWriter(str(self.run_dir / s), purge_step=self._purge_steps.get(s)) for s in ('train', 'valid')
-        }
+        self.writers = {s: SummaryWriter(str(self.run_dir / s), purge_step=self._purge_steps.get(s)) for s in splits}
         self._purge_steps = {}
         self._fit_hparams = {**self._default_hparams(), **self.hparams}
 
@@ -243,10 +247,12 @@ class TensorBoardLogger(Callback):
             w.flush()
 
     def after_eval(self):
-        row, valid = self.learn.eval_row, self.writers['valid']
+        row = self.learn.eval_row
         for k, v in _metrics(row).items():
             if k != 'train_loss':
-                valid.add_scalar('loss' if k == 'valid_loss' else k, v, row['step'])
+                split = next((s for s in self._sets if k.startswith(s + '_')), 'valid')  # test_loss: test's loss
+                tag = k[len(split) + 1 :] if split != 'valid' else 'loss' if k == 'valid_loss' else k
+                self.writers[split].add_scalar(tag, v, row['step'])
         self._write_batches()
 
     def after_epoch(self):
@@ -270,6 +276,35 @@ class TensorBoardLogger(Callback):
             w.close()
         self.writers = {}
 
+    @contextlib.contextmanager
+    def _image_writer(self):
+        "The `train` series' writer: the fit's, or (outside a fit) one opened on the run's folder for the image."
+        if self.writers:
+            yield self.writers['train']
+            return self.writers['train'].flush()
+        from torch.utils.tensorboard import SummaryWriter
+
+        if self.run_dir is None:  # no fit yet: the run's folder, as the first fit would make it
+            writable_folder(self.log_dir, 'TensorBoardLogger')
+            self.run_dir = self._new_run_dir()
+        for folder in (self.run_dir, self.run_dir / 'train'):
+            real_folder(folder, 'TensorBoard run folder')
+        writer = SummaryWriter(str(self.run_dir / 'train'))
+        try:
+            yield writer
+        finally:
+            writer.close()
+
+    def log_image(self, tag, array, step):
+        "An image (H×W×C uint8) in TensorBoard's Images tab, at `step`."
+        with self._image_writer() as writer:
+            writer.add_image(tag, array, step, dataformats='HWC')
+
+    def log_figure(self, tag, fig, step):
+        "A matplotlib figure in TensorBoard's Images tab, at `step` (the figure stays open: it is yours)."
+        with self._image_writer() as writer:
+            writer.add_figure(tag, fig, step, close=False)
+
     def state_dict(self):
         if self.run_dir is None:
             return {}
@@ -278,11 +313,12 @@ class TensorBoardLogger(Callback):
         history, batches = self.learn.recorder.history, self.learn.recorder.batches
         logged = self._logged if self._logged is not None else len(batches['loss'])
         last_train = batches['step'][logged - 1] + 1 if logged else 0
+        evaluated = history[-1]['step'] + 1 if history else 0
         # one past the last event the checkpoint knows of: its last train window, and its last evaluation
         return {
             'run': self.run_dir.name,
             'logged': logged,  # its name in log_dir: the run's folder may be copied or moved
-            'purge_steps': {'train': last_train + 1, 'valid': history[-1]['step'] + 1 if history else 0},
+            'purge_steps': {'train': last_train + 1, **dict.fromkeys(['valid', *self._sets], evaluated)},
         }
 
     def check_state(self, state):
@@ -293,7 +329,7 @@ class TensorBoardLogger(Callback):
         if not (
             type(state['logged']) is int
             and state['logged'] >= 0
-            and set(purge) <= {'train', 'valid'}
+            and all(isinstance(k, str) and re.fullmatch(r'[A-Za-z][A-Za-z0-9_]{0,63}', k) for k in purge)
             and all(type(v) is int and v >= 0 for v in purge.values())
         ):
             raise ValueError(f'its TensorBoardLogger counts {str(state)[:120]} are not counts of steps')
@@ -311,3 +347,101 @@ class TensorBoardLogger(Callback):
 def _metrics(row):
     "The losses and metrics of a history row: its numbers, less the counters, lr and time."
     return {k: v for k, v in row.items() if k not in ('epoch', 'step', 'lr', 'time') and isinstance(v, (int, float))}
+
+# %% ../nbs/06_loggers.ipynb #257568eb
+def image_array(image):
+    "`image` as an H×W×C uint8 array (C: 1, 3 or 4), from a tensor or array (H×W, H×W×C, C×H×W) or a PIL image."
+    import numpy as np
+
+    channels = (1, 3, 4)
+    if hasattr(image, 'getbands'):  # a PIL image
+        array = np.asarray(image)
+    else:
+        tensor = hasattr(image, 'detach')
+        if tensor:
+            image = image.detach().cpu()
+            image = image.float() if image.is_floating_point() else image  # bf16 and fp16 as numpy knows them
+        array = image.numpy() if tensor else np.asarray(image)
+        if array.ndim == 3 and array.shape[0] in channels and (tensor or array.shape[-1] not in channels):
+            array = array.transpose(1, 2, 0)  # C×H×W, torch's order
+    if array.ndim == 2:
+        array = array[:, :, None]
+    if array.ndim != 3 or array.shape[-1] not in channels or 0 in array.shape or array.dtype.kind not in 'biuf':
+        raise ValueError(
+            f'log_image takes an image of H×W, H×W×C or C×H×W numbers (C: 1, 3 or 4) or a PIL image, got '
+            f'{type(image).__name__} of shape {getattr(array, "shape", None)}: for a figure, use log_figure'
+        )
+    if array.dtype.kind == 'f':
+        if not (np.isfinite(array).all() and array.min() >= 0 and array.max() <= 1):
+            raise ValueError('log_image: an image of floats must hold values in [0, 1] (scale it, or give integers)')
+        return (array * 255).round().astype(np.uint8)
+    if array.dtype.kind == 'b':
+        return array.astype(np.uint8) * 255
+    if array.min() < 0 or array.max() > 255:
+        raise ValueError('log_image: an image of integers must hold values in 0..255')
+    return array.astype(np.uint8)
+
+
+def figure_array(fig):
+    "A matplotlib figure drawn as an H×W×4 uint8 array (for the loggers that keep images, not figures)."
+    import numpy as np
+    import PIL.Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format='png')
+    return np.asarray(PIL.Image.open(buf).convert('RGBA'))
+
+
+def write_png(path, array):
+    "Write an H×W×C uint8 array as a PNG file at `path`, whole or not at all, never through a link."
+    import PIL.Image
+
+    image = PIL.Image.fromarray(array[:, :, 0] if array.shape[-1] == 1 else array)
+    real_folder(Path(path).parent, 'image folder').mkdir(parents=True, exist_ok=True)  # a link there is refused
+    with atomic_write(path, 'wb') as f:
+        image.save(f, format='png')
+
+
+def file_tag(tag):
+    "A tag as a bare file name: runs of other characters than letters, digits, `.`, `-`, `_` become `_`."
+    return re.sub(r'[^A-Za-z0-9._-]+', '_', tag).strip('._') or 'image'
+
+
+def _picture_loggers(learn, tag, step):
+    "The callbacks that keep pictures (those of rank 0 alone under DDP), the tag checked, the step."
+    if not (isinstance(tag, str) and 0 < len(tag) <= 200):
+        raise ValueError(f'a picture\'s tag must be a text of 1 to 200 characters, got {tag!r}')
+    ours = [cb for cb in learn.cbs if learn.main_process or not getattr(cb, 'main_process_only', False)]
+    return [cb for cb in ours if callable(getattr(cb, 'log_image', None))], learn.step if step is None else step
+
+
+def _never_fails(cb, method, tag, picture, step):
+    try:
+        getattr(cb, method)(tag, picture, step)
+    except Exception as e:  # a logger never fails a fit: said, and the fit goes on
+        warnings.warn(f'{type(cb).__name__} could not log the picture {tag!r}: {type(e).__name__}: {e}', stacklevel=3)
+
+# %% ../nbs/06_loggers.ipynb #d3be1c95
+@patch_to(Learner)
+def log_image(learn, tag, image, step=None):
+    "Log `image` as `tag` at the current step (or `step`) to every logger attached that keeps pictures; none: nothing."
+    loggers, step = _picture_loggers(learn, tag, step)
+    if loggers:
+        array = image_array(image)  # one clear error for a bad image, before any logger writes
+        for cb in loggers:
+            _never_fails(cb, 'log_image', tag, array, step)
+
+
+@patch_to(Learner)
+def log_figure(learn, tag, fig, step=None):
+    "Log a matplotlib figure as `tag` at the current step (or `step`) to every logger that keeps pictures; none: nothing."
+    loggers, step = _picture_loggers(learn, tag, step)
+    if not callable(getattr(fig, 'savefig', None)):
+        raise TypeError(f'log_figure takes a matplotlib figure, got {type(fig).__name__}: for an array, use log_image')
+    drawn = None
+    for cb in loggers:
+        if callable(getattr(cb, 'log_figure', None)):
+            _never_fails(cb, 'log_figure', tag, fig, step)
+        else:
+            drawn = figure_array(fig) if drawn is None else drawn
+            _never_fails(cb, 'log_image', tag, drawn, step)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .callback import Callback, Order
 from .clock import wall
-from .loggers import loss_windows
+from .loggers import file_tag, loss_windows
 from .track import plain_value, fit_config, git_state, notebook_path, reproduce_command
 from .registry import as_json
 
@@ -168,6 +168,18 @@ class MLflowLogger(Callback):
         self.check_state(state)
         if state:
             self._resume = dict(state)
+
+    def log_image(self, tag, array, step):
+        "An image (H×W×C uint8) as the artifact `images/<tag>-<step>.png` of the MLflow run."
+        if self.run_id is None:
+            raise ValueError('the MLflowLogger has no run yet: log pictures during a fit, or after one')
+        self.client.log_image(self.run_id, array, artifact_file=f'images/{file_tag(tag)}-{step}.png')
+
+    def log_figure(self, tag, fig, step):
+        "A matplotlib figure as the artifact `images/<tag>-<step>.png` of the MLflow run."
+        if self.run_id is None:
+            raise ValueError('the MLflowLogger has no run yet: log pictures during a fit, or after one')
+        self.client.log_figure(self.run_id, fig, artifact_file=f'images/{file_tag(tag)}-{step}.png')
 
     def after_fork(self):
         "The Learner was forked: its next fit is a new run whose parent is the run of the fork point, at its step."

@@ -16,7 +16,7 @@ import torch
 
 from .callback import CancelFitException, PreemptedException
 from .checks import hyperparameter
-from .data import batch_size, batch_sizes, loader_length, skip_batches, subset_loader
+from .data import batch_size, batch_sizes, check_loader, loader_length, set_epoch, skip_batches, subset_loader
 from .layers import GhostBatchNorm
 from .metrics import Mean, computed, metric_name
 from .rng import check_rng_state, rng_state, set_rng_state
@@ -29,7 +29,84 @@ def is_count(v):
     "An int >= 0 that a float64 holds exactly: what a step, an epoch or a position read from a file must be."
     return type(v) is int and 0 <= v < 2**53
 
-# %% ../nbs/00f_parts.ipynb #ffbd5b9d
+# %% ../nbs/00f_parts.ipynb #c1a08605
+RESUME_CHANGES = ('epochs', 'steps', 'lr', 'lr_max', 'reset_opt')  # what the call a resume continues may change
+
+
+def plain_argument(v):
+    "An argument as a plain value a checkpoint keeps and compares: numbers, text, None and lists; anything else as text."
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    if isinstance(v, numbers.Real):
+        return float(v)
+    if isinstance(v, (list, tuple)):
+        return [plain_argument(x) for x in v]
+    if isinstance(v, slice):
+        return f'slice({plain_argument(v.start)!r}, {plain_argument(v.stop)!r})'
+    text = repr(v)
+    return type(v).__qualname__ if ' at 0x' in text else text[:200]  # an address differs in every process
+
+
+def call_record(caller, arguments):
+    "A fit call's plan: its name (`fit`, or the method calling it), what called that (`in`), its arguments as plain values."
+    name, given, outer = caller or ('fit', {}, None)
+    record = {'call': name, **({'in': outer} if outer else {})}
+    return {**record, **{k: plain_argument(v) for k, v in {**arguments, **given}.items()}}
+
+
+def _plain(v, depth=0):
+    return (
+        v is None
+        or type(v) in (bool, int, float)
+        or (type(v) is str and len(v) <= 1000)
+        or (type(v) is list and depth < 3 and len(v) <= 1000 and all(_plain(x, depth + 1) for x in v))
+    )
+
+
+def check_calls(calls):
+    "Raise if `calls`, read from a file, is not a list of fit calls' plans: plain values by name."
+    if not (
+        isinstance(calls, list)
+        and len(calls) < 2**20
+        and all(
+            type(c) is dict
+            and type(c.get('call')) is str
+            and all(type(k) is str and len(k) <= 100 and _plain(v) for k, v in c.items())
+            for c in calls
+        )
+    ):
+        raise ValueError(f'its fit calls {str(calls)[:100]} are not the plans of fit calls')
+
+
+def _call_name(record):
+    return record['call'] + (f' in {record["in"]}' if record.get('in') else '')
+
+
+def compare_calls(i, mine, theirs, running=False):
+    "Refuse call `i` of a rerun whose plan `mine` is not the recorded `theirs`, naming the call and what differs."
+    keys = [k for k in dict.fromkeys([*theirs, *mine]) if mine.get(k) != theirs.get(k)]
+    if running:  # the call the checkpoint was taken in: a longer fit, or a new lr, as fit(lr=, resume=True) asks
+        if i and any(k in ('lr', 'lr_max') for k in keys):
+            warnings.warn(
+                f'fit call {i + 1} ({_call_name(mine)}) resumes with lr {mine.get("lr")!r} where the run it '
+                f'continues had {theirs.get("lr")!r}: applied after the restore, as asked (an lr found by lr_find '
+                'between calls of a rerun is found on the state before the calls resume=True skipped)',
+                stacklevel=5,
+            )
+        keys = [k for k in keys if k not in RESUME_CHANGES]
+    if not keys:
+        return
+    what = '; '.join(f'{k}={mine.get(k)!r} here, {theirs.get(k)!r} there' for k in keys[:4])
+    raise ValueError(
+        f'fit call {i + 1} of this Learner ({_call_name(mine)}) is not call {i + 1} of the run resume=True '
+        f'continues ({_call_name(theirs)}): {what}. A script rerun with resume=True must make the same fit calls '
+        'in the same order. Give another script a Checkpointer folder of its own, or continue anyway with '
+        "fit(..., resume=True, allow_changes=('calls',))"
+    )
+
+# %% ../nbs/00f_parts.ipynb #5fccd2e3
 class FitProgress:
     "Where training is: epoch and optimizer step over the Learner's life, where the fit started, and the fit's plan."
 
@@ -43,13 +120,57 @@ class FitProgress:
         self.n_epochs = self.n_steps = self.eval_every = self.steps_per_epoch = None
         self.end_epoch = self.end_step = math.inf
         self.probing = None  # the probe run under way ('lr_find', 'profile'): steps that are not training, undone after
+        self.calls = []  # the plan of every fit call of the Learner's life, in order: a checkpoint names its call by them
+        self.caller = None  # (name, arguments, outer name) of the method calling fit now: fit_one_cycle, fine_tune
+        self.done_before = False  # resume=True found this call finished in the run it continues: it trains nothing
+        self.awaiting = None  # the call so skipped, whose state a later call's resume=True must bring back
+        self.restored = set()  # `lr`, `reset_opt`: given as the resumed call was recorded with, so not applied again
 
-    def start_fit(self):
-        "A fit starts here: the steps and epochs it plans count from now (after a fork: from the forked fit's start)."
+    def start_fit(self, resume=False, **arguments):
+        "A fit call starts: its plan is the Learner's next call (a fork's fit continues the forked one's), counted from now."
+        if self.awaiting is not None and not resume:
+            raise ValueError(
+                f'fit call {self.awaiting} was skipped by resume=True: the run it continues had finished it, and its '
+                'state comes back with the call that was running then. Give this call resume=True too, as every '
+                'call of a script rerun from the top'
+            )
+        record = call_record(self.caller, arguments)
+        self.done_before, self.calls = False, [*self.calls[: -1 if self.continuing else None], record]
+        self.restored = set()
         if self.continuing:
             self.continuing = False  # the fit a fork continues keeps its start, as a resume does
         else:
             self.fit_start, self.last_eval_step = (self.epoch, self.step), self.step
+
+    @contextlib.contextmanager
+    def calling(self, name, **arguments):
+        "A method that calls `fit` (`fit_one_cycle`, `fine_tune`) names the call and its arguments, which it records."
+        outer = self.caller
+        self.caller = (name, arguments, outer[0] if outer else None)
+        try:
+            yield
+        finally:
+            self.caller = outer
+
+    def place(self, saved, compare=True):
+        "This call in the run of a checkpoint's progress: 'done', 'this' or 'later' (see below); another plan is refused."
+        recorded = saved.get('calls')
+        if not recorded:
+            return 'this'  # an older checkpoint: its fit is this one
+        mine, theirs = len(self.calls) - 1, len(recorded) - 1
+        for i in range(min(mine, theirs) + 1) if compare else ():
+            compare_calls(i, self.calls[i], recorded[i], running=i == theirs)
+        return 'done' if mine < theirs else 'this' if mine == theirs else 'later'
+
+    def skip_call(self):
+        "This call finished in the run resume=True continues: it trains nothing, and changes nothing."
+        self.done_before, self.awaiting = True, len(self.calls)
+
+    def continue_call(self, record):
+        "A resume loaded the state of this call, whose plan given now (`record`: a longer fit, a new lr) it follows."
+        recorded = self.calls[-1] if self.calls else {}
+        self.restored = {k for k in ('lr', 'reset_opt') if k in recorded and recorded[k] == record.get(k)}
+        self.calls, self.awaiting = [*self.calls[:-1], record], None
 
     def branch(self, step):
         "This run becomes a branch of itself at `step` (a fork): a new run id and its parent; the next fit continues."
@@ -126,6 +247,7 @@ class FitProgress:
             'fit_start': list(self.fit_start),
             'last_eval_step': self.last_eval_step,
             'call': self.call,
+            'calls': self.calls,
         }
 
     def check_state(self, state):
@@ -148,12 +270,13 @@ class FitProgress:
             and all(isinstance(k, str) and (v is None or is_count(v) or isinstance(v, float)) for k, v in call.items())
         ):
             raise ValueError(f'its fit plan {str(call)[:100]} is not the arguments of a fit')
+        check_calls(state.get('calls', []))
 
     def load_state_dict(self, state):
         self.epoch, self.step, self.last_eval_step = state['epoch'], state['step'], state['last_eval_step']
         self.fit_start, self.epoch_done = tuple(state['fit_start']), False
         self.run_id, self.parent = state.get('run', self.run_id), state.get('parent')
-        self.call = state.get('call')
+        self.call, self.calls = state.get('call'), list(state.get('calls', []))
 
 # %% ../nbs/00f_parts.ipynb #d3e8ca61
 def check_plan(epochs=None, steps=None, steps_per_epoch=None, eval_every=None):
@@ -165,7 +288,7 @@ def check_plan(epochs=None, steps=None, steps_per_epoch=None, eval_every=None):
         if v is not None and not (isinstance(v, int) and v > 0):
             raise ValueError(f'{name} must be an int > 0, got {v!r}')
 
-# %% ../nbs/00f_parts.ipynb #9e1f40b0
+# %% ../nbs/00f_parts.ipynb #be8145fa
 class TrainPass:
     "The pass over the training loader under way: its batches, how many are done, the random state that fixed them."
 
@@ -173,10 +296,13 @@ class TrainPass:
         self.dl, self.batches, self.batches_done, self.under_way = dl, None, 0, False
         self.start_state = self.resume_at = self.held_rng = None
         self.n_batches = self.sizes = None
+        self.epoch = 0  # the epoch the pass started in: the sampler's and dataset's `set_epoch`
 
-    def start(self):
-        "Begin a pass, or resume the one a checkpoint was taken in (its order replayed, the batches done skipped)."
+    def start(self, epoch=0):
+        "Begin a pass in `epoch`, or resume the one a checkpoint was taken in (its order replayed, the batches done skipped)."
         resume, self.resume_at = self.resume_at, None
+        self.epoch = resume.get('epoch', epoch) if resume else epoch
+        set_epoch(self.dl, self.epoch)  # a sampler or dataset with `set_epoch`: this epoch's order, in every mode
         if resume:
             set_rng_state(resume['epoch_start'], self.dl)
         self.start_state = rng_state(self.dl)  # what fixes this pass's order: checkpoints keep it
@@ -201,7 +327,7 @@ class TrainPass:
         rng = self.held_rng if self.held_rng is not None else rng_state(self.dl)
         if not self.under_way:
             return {'batches_done': 0, 'rng': rng}
-        return {'batches_done': self.batches_done, 'epoch_start': self.start_state, 'rng': rng}
+        return {'batches_done': self.batches_done, 'epoch_start': self.start_state, 'rng': rng, 'epoch': self.epoch}
 
     def check_state(self, state):
         "Raise if `state` is not a position in this loader: a resume would skip batches past its end for ever."
@@ -214,6 +340,8 @@ class TrainPass:
         for key in ('rng', 'epoch_start'):
             if key in state:
                 check_rng_state(state[key], self.dl)
+        if not is_count(state.get('epoch', 0)):
+            raise ValueError(f'its pass started in epoch {str(state["epoch"])[:40]}, which is not an epoch')
 
     def load_state_dict(self, state):
         self.end()
@@ -375,7 +503,7 @@ class Strategy(Protocol):
     def load_state_dict(self, state):
         "Put back what `state_dict` gave."
 
-# %% ../nbs/00f_parts.ipynb #fec10dbf
+# %% ../nbs/00f_parts.ipynb #5daa8ba1
 STRATEGIES = {}  # name -> strategy class: `Learner(strategy=name)`; each declares its own name
 
 
@@ -404,7 +532,7 @@ class SingleProcess(Strategy):
         pass  # DDP: the stop flags reset
 
     def start_train(self, learn):
-        pass  # DDP: the sampler's epoch
+        pass  # DDP: whether the sampler tells the global batch sizes (its set_epoch: TrainPass.start, in every mode)
 
     def mask_padding(self, learn, weights):
         return weights  # DDP: the repeated example gets weight 0
@@ -485,25 +613,80 @@ def make_strategy(strategy='auto', distributed=None, sync_bn=False):
         )
     return STRATEGIES[strategy](sync_bn=sync_bn)
 
-# %% ../nbs/00f_parts.ipynb #c5b90d9b
+# %% ../nbs/00f_parts.ipynb #6e416f0e
 class Validation:
-    "The validation under way and the fit's evaluations: the loss, the values, the row made, the fit's loader, prefix."
+    "The validation sets, the validation under way and the fit's evaluations: the loss, the values, the row made."
 
     def __init__(self):
         self.loss = Mean(track_nonfinite=True)  # the validation loss, accumulated on the device
         self.values, self.row, self.evaluating = {}, None, False  # the last values; in after_eval, the row they made
         self.prefix, self.collect = '', None  # the validation under way: its columns' prefix, and get_preds' lists
-        self.fit_dl, self.fit_prefix = None, ''  # the fit's evaluations: the validation set, or its subset ('subset_')
+        self.sets, self.set_name = {}, None  # name -> loader, in order; the set under way (None: a loader given)
+        self.fit_sets, self.fit_prefix = [], ''  # the fit's evaluations: (name, loader) of each set, or of its subset
 
-    def plan(self, dl, subset=None, seed=0):
-        "The fit's evaluations: on the validation loader `dl`, or on a fixed, seeded `subset` of it (prefix 'subset_')."
-        self.fit_dl, self.fit_prefix = dl, ''
-        if subset is not None and dl is not None:
-            self.fit_dl, self.fit_prefix = subset_loader(dl, subset, seed), 'subset_'
+    def set_loaders(self, dl):
+        "The sets of `valid_dl=`: a loader (or None), a dict of named loaders, or a list of loaders (`valid`, `valid_1`...)."
+        if isinstance(dl, dict):
+            sets = dict(dl)
+        elif _are_loaders(dl):
+            sets = {'valid' if i == 0 else f'valid_{i}': d for i, d in enumerate(dl)}
+        else:
+            sets = {} if dl is None else {'valid': dl}
+        for i, (name, d) in enumerate(sets.items()):
+            if not (isinstance(name, str) and _SET_NAME.fullmatch(name)) or (i and name in _RESERVED) or d is None:
+                raise ValueError(
+                    f'valid_dl names its sets {list(sets)}: a set\'s name is a word of letters, digits and _ '
+                    f'(its columns are <name>_loss, <name>_<metric>), after the first none of {_RESERVED}, '
+                    'each a loader'
+                )
+            check_loader('valid_dl' if len(sets) == 1 else f'valid_dl[{name!r}]', d)
+        self.sets = sets
 
-    def start(self, metrics, prefix='', collect=None):
-        "A validation starts: its loss and `metrics` reset; `collect`: (predictions, targets) lists to fill."
-        self.values, self.prefix, self.collect = {}, prefix, collect
+    def first(self):
+        "The first set's loader (None: no validation data)."
+        return next(iter(self.sets.values()), None)
+
+    def rename(self, values, name=None):
+        "`values` named as the first set's (`valid_loss`, the metrics'), as set `name`'s columns (`<name>_loss`, ...)."
+        if name is None or name == next(iter(self.sets), name):
+            return dict(values)
+        return {f'{name}_loss' if k == 'valid_loss' else f'{name}_{k}': v for k, v in values.items()}
+
+    def columns(self, metrics):
+        "The columns an evaluation of every set writes, in order (the first set's names when there is none)."
+        base = dict.fromkeys(['valid_loss', *map(metric_name, metrics)])
+        return [c for name in (self.sets or [None]) for c in self.rename(base, name)]
+
+    def chosen(self, dl=None):
+        "The (name, loader) pairs to validate: `dl` itself (named as the first set), the set named `dl`, or every set."
+        if dl is None and not self.sets:
+            raise ValueError('no validation data: pass valid_dl= to Learner, or dl= here')
+        if isinstance(dl, str) and dl not in self.sets:
+            raise ValueError(f'no validation set named {dl!r}: the sets are {list(self.sets)}')
+        return list(self.sets.items()) if dl is None else [(dl, self.sets[dl])] if isinstance(dl, str) else [(None, dl)]
+
+    def plan(self, metrics, subset=None, seed=0):
+        "The fit's evaluations: every set, or a fixed, seeded `subset` of each (prefix 'subset_'); their columns differ."
+        columns = self.columns(metrics)
+        twice = sorted({c for c in columns if columns.count(c) > 1})
+        if twice:
+            raise ValueError(f'the validation sets {list(self.sets)} both write {twice}: give them other names')
+        for name, d in list(self.sets.items())[1:]:
+            if loader_length(d) == 0:
+                raise ValueError(f'valid_dl[{name!r}] is empty: give every validation set batches, or leave it out')
+        self.fit_prefix = 'subset_' if subset is not None and self.sets else ''
+        self.fit_sets = [(n, subset_loader(d, subset, seed) if self.fit_prefix else d) for n, d in self.sets.items()]
+
+    def evaluations(self, full=False, last=False):
+        "(set, loader, prefix) of each validation an evaluation runs: the fit's sets; the whole ones if `full`, or at the last"
+        runs = [] if full else [(n, d, self.fit_prefix) for n, d in self.fit_sets]
+        if full or (self.fit_prefix and last):
+            runs += [(n, d, '') for n, d in self.sets.items()]
+        return runs or [(None, None, '')]  # no validation data: its events still run, over no batch
+
+    def start(self, metrics, prefix='', collect=None, name=None):
+        "A validation of set `name` starts: its loss and `metrics` reset; `collect`: (predictions, targets) lists to fill."
+        self.values, self.prefix, self.collect, self.set_name = {}, prefix, collect, name
         for m in (self.loss, *metrics):
             m.reset()
 
@@ -524,17 +707,32 @@ class Validation:
                 'the validation loader yielded no batches: pass a non-empty valid_dl (or dl=), or '
                 'valid_dl=None to train without validation'
             )
-        values = {'valid_loss': self.loss.compute(), **{metric_name(m): computed(m) for m in metrics}}
+        loss = self.loss.compute()
+        values = self.rename({'valid_loss': loss, **{metric_name(m): computed(m) for m in metrics}}, self.set_name)
         self.values = {self.prefix + k: v for k, v in values.items()}
-        if not math.isfinite(values['valid_loss']) and (bad := self.loss.first_nonfinite()) is not None:
+        if not math.isfinite(loss) and (bad := self.loss.first_nonfinite()) is not None:
             warnings.warn(
-                f'valid_loss is {values["valid_loss"]}: batch {bad} of the validation loader is the first '
+                f'{next(iter(values))} is {loss}: batch {bad} of the validation loader is the first '
                 'whose loss is not finite. Its inputs or targets may hold NaN or inf (torch.isfinite finds '
                 'them), or the model overflows on it',
                 stacklevel=3,
             )
 
 
+_SET_NAME = re.compile(r'[A-Za-z][A-Za-z0-9_]{0,63}')
+_RESERVED = ('train', 'valid', 'subset', 'ema', 'swa')  # a later set's columns would read as these columns'
+
+
+def _are_loaders(dls):
+    "A list of loaders (several sets), not a list of batches: every item iterable, and none a batch (tuple, dict, tensor)."
+    batch = (list, tuple, dict, str, torch.Tensor)
+    return (
+        isinstance(dls, (list, tuple))
+        and bool(dls)
+        and all(hasattr(d, '__iter__') and not isinstance(d, batch) for d in dls)
+    )
+
+# %% ../nbs/00f_parts.ipynb #00d2f037
 class FitState:
     "Whether a fit runs (one at a time: a lock, and the thread that holds it) and how the last one ended."
 
@@ -807,9 +1005,9 @@ def build_optimizer(opt_func, groups, lr, device, previous=None):
     opt = opt_func(groups[0] if len(groups) == 1 else specs, lr=base, **({'fused': True} if fused else {}))
     return opt, base
 
-# %% ../nbs/00f_parts.ipynb #32d29c21
+# %% ../nbs/00f_parts.ipynb #55a92afc
 SNAPSHOT_ATTRS = (
-    'valid_dl',
+    'valid_dls',
     '_lr',
     'lr_note',
     'training',
@@ -874,7 +1072,7 @@ def probe_steps(learn, steps, cbs=(), name='probe'):
         for m, mode in zip(learn.model.modules(), modes):
             m.training = mode  # fit leaves the model in train mode
 
-# %% ../nbs/00f_parts.ipynb #5a281534
+# %% ../nbs/00f_parts.ipynb #b978ab99
 def _delegate(part, name):
     "A property that reads and writes `name` of the part `learn.<part>`: the part owns it."
     return property(
@@ -927,6 +1125,24 @@ class PartNames:
     @train_dl.setter
     def train_dl(self, dl):
         self.data_pass = TrainPass(dl)
+
+    @property
+    def valid_dl(self):
+        "The validation loader (the first set's); set it to a loader, a dict of named loaders or a list of loaders."
+        return self.validation.first()
+
+    @valid_dl.setter
+    def valid_dl(self, dl):
+        self.validation.set_loaders(dl)
+
+    @property
+    def valid_dls(self):
+        "The validation sets by name, in order: the first set's columns are `valid_loss` and the metrics' names."
+        return dict(self.validation.sets)
+
+    @valid_dls.setter
+    def valid_dls(self, sets):
+        self.validation.set_loaders(sets)
 
     def train_end_step(self):
         return self.progress.train_end_step()

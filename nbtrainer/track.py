@@ -34,7 +34,8 @@ from nbtrainer.registry import (
     transaction,
 )
 from .rng import loader_generators
-from .runfiles import printable
+from .loggers import file_tag, write_png
+from .runfiles import RUN_NAME, bare_name, printable
 
 # %% ../nbs/18a_track.ipynb #9d826f92
 def plain_value(v):
@@ -445,6 +446,18 @@ class Tracker(Callback):
     def run(self):
         "The run of this Tracker's current or last fit, read from the database (None before the first)."
         return None if self.run_id is None else read_runs(self.db, 'WHERE id = ?', (self.run_id,))[0]
+
+    def log_image(self, tag, array, step):
+        "An image (H×W×C uint8) as `<database name>-images/<run UUID>/<tag>-<step>.png`, beside a registry file."
+        if self.uid is None:
+            raise ValueError('the Tracker has no run yet: log pictures during a fit, or after one')
+        if on_server(self.db):
+            if not getattr(self, '_said_no_pictures', False):
+                warnings.warn(f'{self.db} is a server: the registry keeps no pictures (TensorBoard and MLflow do)')
+            self._said_no_pictures = True
+            return
+        run = bare_name(self.uid, RUN_NAME, str(self.db), 'run UUID')
+        write_png(self.db.with_name(self.db.stem + '-images') / run / f'{file_tag(tag)}-{step}.png', array)
 
     def state_dict(self):
         if not self._open or self._stopped:

@@ -17,7 +17,9 @@ def test_demo_trains_and_writes_plot_and_csv(tmp_path):
         timeout=300,
     )
     assert run.returncode == 0, run.stderr
-    assert 'epoch:' in run.stderr and 'loss=' in run.stderr  # console progress bars
+    # its output is a pipe, not a terminal: no bars, a plain line per evaluation, and no control character
+    assert 'Fit started' in run.stdout and 'valid_loss=' in run.stdout and 'Fit finished' in run.stdout
+    assert not any(c in run.stdout + run.stderr for c in '\r\x1b\b')
     assert 'valid accuracy' in run.stdout
     rows = list(csv.DictReader(open(tmp_path / 'digits' / 'history.csv')))
     assert [int(r['epoch']) for r in rows] == list(range(6))

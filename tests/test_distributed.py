@@ -235,6 +235,53 @@ def test_an_evaluation_iterable_that_is_not_a_loader_is_not_summed_twice():
     assert launch(validate_list, nprocs=2).sum() == 30
 
 
+def model_state_dict():
+    learn = Learner(make_model(), loader(dataset(16)), progress=False)
+    learn.fit(1)
+    return {'weights': learn.model.state_dict(), 'wrapped': type(learn.model).__name__}
+
+
+def test_launch_returns_a_ddp_models_state_dict_as_the_plain_models():
+    "The docs say: return a state_dict. learn.model is DDP's wrapper, whose keys start with module.: they come back plain."
+    result = launch(model_state_dict, nprocs=2)
+    assert result['wrapped'] == 'DistributedDataParallel'
+    assert list(result['weights']) == list(make_model().state_dict())
+    make_model().load_state_dict(result['weights'])
+
+
+def two_sets():
+    "Two validation sets, of 31 examples (a rank gets a repeated one, weighted 0) and 30."
+    return {
+        'valid': DataLoader(dataset(31, seed=3), batch_size=5),
+        'test': DataLoader(dataset(30, seed=4), batch_size=4),
+    }
+
+
+def fit_two_sets():
+    learn = Learner(make_model(), loader(dataset(16)), two_sets(), metrics=('accuracy', 'f1'), progress=False)
+    learn.fit(2, eval_subset=12)
+    rows = [{k: v for k, v in r.items() if k != 'time'} for r in learn.recorder.history]
+    return rows, learn.validate(), plain_model(learn.model).state_dict()
+
+
+def test_several_validation_sets_are_each_gathered_over_the_ranks():
+    "Each set is sharded over the ranks and its metrics summed: every set's values equal one process's with the weights."
+    rows, values, weights = launch(fit_two_sets, nprocs=2)
+    model = make_model()
+    model.load_state_dict(weights)
+    one = Learner(model, loader(dataset(16)), two_sets(), metrics=('accuracy', 'f1'), progress=False).validate()
+    assert (
+        values.keys()
+        == one.keys()
+        == {'valid_loss', 'accuracy', 'f1_macro', 'test_loss', 'test_accuracy', 'test_f1_macro'}
+    )
+    assert all(abs(values[k] - one[k]) < 1e-6 for k in one), (values, one)
+    assert {'subset_test_loss', 'subset_test_accuracy'} <= rows[0].keys() and {'test_loss', 'valid_loss'} <= rows[
+        -1
+    ].keys()
+    assert all(abs(rows[-1][k] - one[k]) < 1e-6 for k in one)  # the fit's last evaluation: the whole sets, gathered
+
+
 def fit_history(world, train_metrics=('accuracy',), cbs=(), epochs=3):
     "Rows of a fit of 2 ranks with batch B each, or of one process with batch 2B: the same global batches."
     valid = DataLoader(dataset(31, seed=3), batch_size=5)
@@ -385,7 +432,7 @@ def test_only_rank_0_writes_files(tmp_path, strategy):
     ]  # rank 0's checkpoints, no leftovers
     (cbs0, step0, acc0), (cbs1, step1, acc1) = per_rank
     assert step0 == step1 == 15 and acc0 == acc1  # the same decisions and the same global metrics
-    writers = {'CSVLogger', 'LivePlot', 'ProgressCallback', 'TensorBoardLogger', 'Tracker'}
+    writers = {'CSVLogger', 'LivePlot', 'ProgressLog', 'TensorBoardLogger', 'Tracker'}  # a worker's output: a pipe
     assert writers <= set(cbs0) and not writers & set(cbs1)
     assert all((tmp_path / 'ckpt' / k).is_dir() == (strategy == 'fsdp') for k in kept if k.endswith('.pt'))
 

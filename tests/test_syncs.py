@@ -26,6 +26,7 @@ from nbtrainer import (
     ProgressCallback,
     ReduceLROnPlateau,
     TensorBoardLogger,
+    TorchScheduler,
     Tracker,
     head_body,
 )
@@ -124,6 +125,8 @@ def learner(reads, tmp_path, precision='fp32', accumulate=1, clip=None, extras=(
     if 'finetune' in extras:  # two lr groups, the body frozen, an EMA (fp16: its skipped-step test on the device)
         cbs += [EMA(decay=0.99), ReduceLROnPlateau(patience=1)]
         kwargs.update(splitter=head_body, lr=slice(1e-4, 1e-3))
+    if 'scheduler' in extras:  # a torch scheduler stepped after each step: fp32 and bf16 read nothing for it
+        cbs.append(TorchScheduler(lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, 500)))
     if 'writers' in extras:
         cbs += [
             CSVLogger(tmp_path / 'log.csv'),
@@ -154,6 +157,7 @@ CASES += [
     ('fp16', 2, 1.0, ('train_metrics', 'writers')),
     ('bf16', 1, None, ('writers',)),
     ('fp32', 1, None, ('finetune',)),
+    ('bf16', 2, 1.0, ('scheduler',)),
     ('fp16', 2, 1.0, ('finetune',)),
 ]
 

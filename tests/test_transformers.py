@@ -209,3 +209,27 @@ def test_label_check_reads_the_vocabulary_dimension():
     with pytest.raises(ValueError, match=f'model outputs {VOCAB} classes'):
         learn.fit(1)
     assert all(torch.equal(v, learn.model.state_dict()[k]) for k, v in before.items())
+
+
+def checkpointing(model):
+    "Whether any layer of a Hugging Face model recomputes its activations in backward."
+    return any(getattr(m, 'gradient_checkpointing', False) for m in model.modules())
+
+
+@pytest.mark.parametrize('build', [causal_lm, token_classifier])
+def test_gradient_checkpointing_is_the_models_own_switch_and_changes_no_weight(build):
+    "model.gradient_checkpointing_enable() (activation_checkpointing_enable() from transformers 5) recomputes"
+    "activations in backward: the same fit, the same weights, bit for bit."
+    train = Sequences(32, seed=2, tags=None if build is causal_lm else 5)
+    fitted = []
+    for recompute in (False, True):
+        model = build()
+        if recompute:
+            (getattr(model, 'activation_checkpointing_enable', None) or model.gradient_checkpointing_enable)()
+        learn = Learner(model, batches_of(train, 8), lr=3e-3, accumulate=2, progress=False, metrics=())
+        learn.fit(2)
+        fitted.append(learn)
+    plain, checkpointed = fitted
+    assert checkpointing(checkpointed.model) and not checkpointing(plain.model)
+    assert all(torch.equal(p, q) for p, q in zip(plain.model.parameters(), checkpointed.model.parameters()))
+    assert plain.recorder.train_losses == checkpointed.recorder.train_losses
