@@ -8,7 +8,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/control.html.md"""
 __all__ = ['Controls']
 
 # %% ../nbs/16_control.ipynb #399a19ad
-import asyncio, concurrent.futures, contextvars, html, re, sys, threading
+import asyncio, concurrent.futures, contextvars, html, inspect, re, sys, threading
 from datetime import datetime
 from pathlib import Path
 
@@ -185,21 +185,9 @@ class Controls(Callback):
 
 # %% ../nbs/16_control.ipynb #785da648
 @patch_to(Learner)
-def fit_async(
-    learn,
-    epochs=None,
-    *,
-    steps=None,
-    steps_per_epoch=None,
-    eval_every=None,
-    eval_subset=None,
-    cbs=(),
-    lr=None,
-    reset_opt=False,
-    resume=None,
-    allow_changes=None,
-):
-    "Start `fit` in a worker thread and return, once it has begun, an awaitable of its result: `await` it to wait, or let it train in the background."
+def fit_async(learn, *args, cbs=(), **kwargs):
+    "Start `fit(*args, cbs=cbs, **kwargs)` in a worker thread and return, once it has begun, an awaitable of its result: `await` it to wait, or let it train in the background."
+    inspect.signature(learn.fit).bind(*args, cbs=cbs, **kwargs)  # fit's own arguments: a misspelt one fails here
     if learn.fitting:
         raise RuntimeError('a fit is already running on this Learner: wait for it to end, or stop it first')
     controls = next((cb for cb in learn.cbs if isinstance(cb, Controls)), None)  # the Learner's own, if any
@@ -209,20 +197,7 @@ def fit_async(
     def work():
         _RUNNING.add(controls)  # the kernel's interrupt button ends it, even in the background
         try:
-            done.set_result(
-                learn.fit(
-                    epochs,
-                    steps=steps,
-                    steps_per_epoch=steps_per_epoch,
-                    eval_every=eval_every,
-                    eval_subset=eval_subset,
-                    cbs=[*cbs, *own, _Started(started)],
-                    lr=lr,
-                    reset_opt=reset_opt,
-                    resume=resume,
-                    allow_changes=allow_changes,
-                )
-            )
+            done.set_result(learn.fit(*args, cbs=[*cbs, *own, _Started(started)], **kwargs))
         except BaseException as e:
             done.set_exception(e)
         finally:
