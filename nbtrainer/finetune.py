@@ -208,11 +208,6 @@ class EMA(Callback):
         "The hook `learn.validate(ema=True)` asks: a context with the averaged weights in the model (None: none yet)."
         return None if self.averaged is None else self.swapped()
 
-    def swap_in(self):
-        "Put the averaged weights in the model for good (e.g. before saving it for inference)."
-        with torch.no_grad():
-            torch._foreach_copy_([t.detach() for t in self._live()], self.averaged)
-
     def before_validate(self):
         if not self._inside:  # the evaluation's loader, before DDP shards it, and its set (its columns' names)
             self._dl, self._set = self.learn.dl, self.learn.validation.set_name
