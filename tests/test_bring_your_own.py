@@ -327,7 +327,7 @@ def test_several_validation_sets_reach_every_logger_and_monitor(tmp_path):
     )
     from nbtrainer.data import subset_loader
     from nbtrainer.dashboard import Dashboard
-    from nbtrainer.track import runs
+    from nbtrainer.experiments import runs
 
     train, test = classification_data(96, 8), classification_data(50, 8, seed=7)
     sets = {'valid': DataLoader(train, batch_size=32), 'test': DataLoader(test, batch_size=16)}
