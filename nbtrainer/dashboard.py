@@ -485,6 +485,7 @@ class Dashboard(Callback):
             box.forks.add_class('nbtrainer-fork')
             box.forks.observe(lambda change: self._on_fork_choice(change['new'], box), names='value')
             box.fork_label = W.Label('fork at', layout=W.Layout(margin='0 6px 0 16px'))  # beside its buttons
+            box.fork_label.add_class('nbtrainer-fork-label')
             box.fork_row = W.HBox([box.fork_label, box.forks], layout=W.Layout(align_items='center'))
             box.children = [*box.children, box.fork_row]
         if box.forks is None:

@@ -1385,7 +1385,7 @@ def plot_isolation(self, params=None, bins=None, path=None):
         ax.legend(fontsize='small')
     return _finish(fig, path)
 
-# %% ../nbs/19_study.ipynb #84ad6f41
+# %% ../nbs/19_study.ipynb #cee1618f
 @patch_to(Study)
 def near_bounds(self, top=3, margin=0.1):
     """The searched numeric parameters where one of the `top` best trials lies within `margin` of a bound (a share of
