@@ -615,6 +615,7 @@ class Dashboard(Callback):
         self._log_start = len(controls.log) if controls is not None else 0  # this fit's requests start here
         self.png = self.png_step = self._last_status = None
         self.status_text, self._note, self._keys, self._stopping, self.boxes = '', '', [], False, []
+        self._end_error = ''  # what failed in the dashboard's own end, said in the summary
         self._start, self.built = clock.now(), True
         box = self._new_controls() if self.widgets and self.live else None  # there to press even where nothing shows
         if self.live:
@@ -658,7 +659,7 @@ class Dashboard(Callback):
             self._run('after_fit')  # the bars close; the final frame, as recorder.plot() draws it
             self._show_status()
         except Exception as e:  # a display never fails a fit: the summary says what went wrong
-            self._note = html.escape(f'The display failed at the end: {type(e).__name__}: {e}')
+            self._end_error = f'The display failed at the end: {type(e).__name__}: {e}'
         finally:  # whatever ended the fit, every view gives way to a static summary
             if self.controls is not None:
                 controls = self.controls
@@ -761,6 +762,8 @@ class Dashboard(Callback):
         parts = [html_ for html_, _ in carried] + [f'<p style="margin:4px 0"><b>{html.escape(self.summary)}</b></p>']
         if requests:
             parts.append(f'<p style="margin:4px 0;font-size:12px">Requests: {html.escape(requests)}</p>')
+        failures = [note for note in (self._figure_note(), self._end_error) if note]  # the fit's result stands
+        parts += [f'<p style="margin:4px 0;font-size:12px"><i>{html.escape(note)}</i></p>' for note in failures]
         figure = ''
         if self.png:
             width = _FIGURE_PX[0]
@@ -779,6 +782,7 @@ class Dashboard(Callback):
                 *(text for _, text in carried),
                 self.summary,
                 *([f'Requests: {requests}'] if requests else []),
+                *failures,
                 *([format_header(keys)] if keys else []),
                 *(format_row(r, keys) for r in rows),
             ]
