@@ -746,11 +746,12 @@ class Dashboard(Callback):
         if self.controls is None:
             return ''
         log = self.controls.log[self._log_start :]
-        if self._forked is None:
+        ended_by_fork = self._forked is not None and self.learn.fit_outcome == 'stopped' and log[-1][1] == 'stop'
+        if not ended_by_fork:  # no fork asked, or the fit ended otherwise before it (an interrupt, an error)
             return ' · '.join(_describe_request(*entry) for entry in log)
         # ended by a fork: the hold's lr is the branch's and its resume was never pressed; the stop names the branch
         step, lr, run = self._forked
-        last = log[-1][0] if log else None
+        last = log[-1][0]
         kept = [entry for entry in log[:-1] if not (entry[0] == last and entry[1] in ('lr', 'resume'))]
         fork = f'forked at step {step} with lr {lr:.3g}' + (f' → run {run}' if run else '')
         return ' · '.join([*(_describe_request(*entry) for entry in kept), fork])
