@@ -143,9 +143,11 @@ _TABLE = (
 _STICKY = 'position:sticky;top:0;background:var(--jp-layout-color1,white)'  # the summary's header, over scrolled rows
 _LINE = 'margin:2px 0;font-size:13px;line-height:18px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis'
 _STYLE = (
-    '<style>.nbtrainer-controls .widget-toggle-button:first-child:not(:disabled)'
-    '{background:var(--jp-error-color1,#d32f2f);color:white}</style>'
-)  # Stop in red
+    '<style>.nbtrainer-actions .widget-toggle-button:first-child:not(:disabled)'
+    '{background:var(--jp-error-color1,#d32f2f);color:white}'
+    '.nbtrainer-fork .widget-toggle-button{border:1px dashed var(--jp-brand-color1,#1976d2);'
+    'color:var(--jp-brand-color1,#1976d2);background:transparent}</style>'
+)  # Stop in red; the fork choices outlined in the brand colour, apart from the fit's own buttons
 
 
 def _cell_width(key):
@@ -256,6 +258,8 @@ def _blank(box):
         if toggle is not None:
             toggle.options, toggle.description = (), ''
     box.lr.description = ''
+    if box.forks is not None:
+        box.fork_label.value = ''
 
 
 def _describe_request(step, action, value):
@@ -320,6 +324,7 @@ class Dashboard(Callback):
         self.status_text = ''
         self.ancestors = []  # the static summaries of the runs this fit was forked from, in this output: oldest first
         self._carry = self._fork_request = None  # a fork asked from this dashboard, and what the branch takes over
+        self._forked = None  # (step, lr, the branch's run) when this fit ended in a fork
         self._lock = threading.RLock()  # the views' updates, from the training, rendering and main threads
         self._shown_in = set()  # the cells that show it already (cells queued behind an awaited fit)
 
@@ -334,26 +339,34 @@ class Dashboard(Callback):
         n_bars = 3 if learn.valid_dl is not None else 2  # their lines kept from the start
         bars = ''.join(_bar_html(desc, bar) for desc, bar in self.bars.shown())
         hint = '' if self.live and self.widgets else _HTML_HINT if self.live else _HINT
-        notes = [f'<i>{hint}</i>' if hint else '', self._note]
+        notes = [f'<i>{hint}</i>' if hint else '', self._note, html.escape(self._figure_note())]
         notes = ''.join(f'<div style="{_LINE};font-size:12px">{note}</div>' for note in notes if note)
         status = self.status_text or 'starting'
+        paused = self.controls is not None and self.controls.paused
+        head = f'Paused at step {learn.step}' if paused else 'Fit running'
         page = (
             f'{_STYLE}<div class="nbtrainer-live">{"".join(h for h, _ in self.ancestors)}'
             f'<div class="nbtrainer-bars" style="min-height:{n_bars * 20}px">{bars}</div>'
-            f'<div style="{_LINE}"><b>Fit running:</b> '
+            f'<div style="{_LINE}"><b class="nbtrainer-head">{head}:</b> '
             f'<span class="nbtrainer-status">{html.escape(status)}</span></div>'
             f'{notes}</div>'
         )
-        return {'text/html': page, 'text/plain': '\n'.join([*(t for _, t in self.ancestors), f'Fit running: {status}'])}
+        return {'text/html': page, 'text/plain': '\n'.join([*(t for _, t in self.ancestors), f'{head}: {status}'])}
+
+    def _figure_note(self):
+        "What went wrong drawing the figure, if anything: said once, where the figure is missed; the fit goes on."
+        error = self.plot.error if self.plot is not None else None
+        return f'The figure could not be drawn: {error}' if error else ''
 
     def _figure_bundle(self):
         "The live figure (its space kept until the first frame) beside the last `table_rows` evaluations."
         width, height = _FIGURE_PX
+        step = f' data-step="{self.png_step}"' if self.png_step is not None else ''  # none: the layout frame
         if self.png is None:
             figure = f'<div style="width:{width}px;height:{height}px"></div>'
         else:
             figure = (
-                f'<img class="nbtrainer-figure" data-step="{self.png_step}" width="{width}" height="{height}" '
+                f'<img class="nbtrainer-figure"{step} width="{width}" height="{height}" '
                 f'style="width:{width}px;max-width:100%;height:auto" '
                 f'src="data:image/png;base64,{base64.b64encode(self.png).decode()}"/>'
             )
@@ -437,6 +450,7 @@ class Dashboard(Callback):
         )
         box = W.HBox([actions, lr], layout=W.Layout(align_items='center', flex_flow='row wrap'))
         box.add_class('nbtrainer-controls')
+        actions.add_class('nbtrainer-actions')  # Stop in red: the first of these, not of the fork choices
         box.actions, box.lr, box.forks = actions, lr, None
         actions.observe(lambda change: self._on_action(change['new'], actions), names='value')
         lr.observe(self._on_lr, names='value')
@@ -468,21 +482,18 @@ class Dashboard(Callback):
 
         steps = self._fork_choices()
         if box.forks is None and steps:
-            box.forks = _edited(
-                W.ToggleButtons,
-                options=[],
-                index=None,
-                description='fork at',
-                style={'button_width': '64px', 'description_width': '50px'},
-            )
+            box.forks = _edited(W.ToggleButtons, options=[], index=None, style={'button_width': '64px'})
             box.forks.add_class('nbtrainer-fork')
             box.forks.observe(lambda change: self._on_fork_choice(change['new'], box), names='value')
-            box.children = [*box.children, box.forks]
+            box.fork_label = W.Label('fork at', layout=W.Layout(margin='0 6px 0 16px'))  # beside its buttons
+            box.fork_label.add_class('nbtrainer-fork-label')
+            box.fork_row = W.HBox([box.fork_label, box.forks], layout=W.Layout(align_items='center'))
+            box.children = [*box.children, box.fork_row]
         if box.forks is None:
             return
         box.forks.options = [(str(step), step) for step in steps]
         box.forks.tooltips = [f"back to the evaluation of step {step}, on with the LR field's lr" for step in steps]
-        box.forks.layout.display = '' if steps else 'none'
+        box.fork_row.layout.display = '' if steps else 'none'
 
     def press(self, action):
         "What a click does, from code: 'stop', 'pause' (Pause, or Resume while paused), 'save', or a step to fork at."
@@ -536,6 +547,7 @@ class Dashboard(Callback):
             return self._update('status')
         self.learn.recorder.flush()  # the loop is held: the parent's curves as they stand, drawn behind the branch
         self._fork_request = step, lr, history_curves(self.learn.recorder)
+        self._forked = step, lr, None  # the branch's run comes with the fork
         self._note = f'forking at step {step} with lr {lr:.3g}: this fit ends here, and its branch takes its place'
         self.controls.stop(f'forked at step {step} with lr {lr:.3g}')
 
@@ -545,6 +557,8 @@ class Dashboard(Callback):
         action = self.controls.log[-1][1]
         if action == 'stop':
             self._stopping = True
+        if action == 'pause':
+            self.bars._refresh()  # the bars where the fit is held, not where the last tick left them
         if action in ('pause', 'resume', 'stop'):
             self._sync_controls()  # before the status line says it: a reader
         self._show_status()  # that waits for the line finds them synced
@@ -587,7 +601,7 @@ class Dashboard(Callback):
         views, self.ancestors, parent = carry if carry is not None else ([], [], None)
         if self.plot is not None:
             self.plot.parent_curves = parent  # the parent run, faint behind the branch
-        self.rows, self.summary, self.static = [], None, None
+        self.rows, self.summary, self.static, self._forked = [], None, None, None
         self._build(views)
         self._run('before_fit')
 
@@ -602,6 +616,7 @@ class Dashboard(Callback):
         self._log_start = len(controls.log) if controls is not None else 0  # this fit's requests start here
         self.png = self.png_step = self._last_status = None
         self.status_text, self._note, self._keys, self._stopping, self.boxes = '', '', [], False, []
+        self._end_error = ''  # what failed in the dashboard's own end, said in the summary
         self._start, self.built = clock.now(), True
         box = self._new_controls() if self.widgets and self.live else None  # there to press even where nothing shows
         if self.live:
@@ -633,7 +648,9 @@ class Dashboard(Callback):
         self._run('after_epoch')
 
     def after_batch(self):
-        self.bars.after_batch()  # the plot hands over at the dashboard's ticks, not at every batch
+        self.bars.after_batch()  # the plot hands over at the dashboard's ticks, not at every batch,
+        if self.plot is not None and self.plot.point_due:  # but for the first point: the second frame comes at once
+            self.plot.tick(clock.now())
 
     def after_fit(self):
         if not self.built:
@@ -642,6 +659,8 @@ class Dashboard(Callback):
         try:
             self._run('after_fit')  # the bars close; the final frame, as recorder.plot() draws it
             self._show_status()
+        except Exception as e:  # a display never fails a fit: the summary says what went wrong
+            self._end_error = f'The display failed at the end: {type(e).__name__}: {e}'
         finally:  # whatever ended the fit, every view gives way to a static summary
             if self.controls is not None:
                 controls = self.controls
@@ -673,9 +692,9 @@ class Dashboard(Callback):
             for view in self.views:
                 view.pop('box', None)
             for box in self.boxes:  # their comms freed; not the box's: an output whose first widget closes is hidden
-                for part in (box.actions, box.lr, box.forks):
-                    if part is not None:
-                        part.close()
+                forks = (box.forks, box.fork_label, box.fork_row) if box.forks is not None else ()
+                for part in (box.actions, box.lr, *forks):
+                    part.close()
             self.boxes = []
 
     def _start_branch(self):
@@ -684,8 +703,7 @@ class Dashboard(Callback):
         if request is None or self.learn.fit_outcome != 'stopped':
             return
         step, lr, curves = request
-        own = self._static(ancestors=False)
-        carry = (list(self.views), [*self.ancestors, (own['text/html'], own['text/plain'])], curves)
+        carry = (list(self.views), list(self.ancestors), curves)  # this fit's summary joins them once forked
         threading.Thread(
             target=self._context.run, args=(self._train_branch, step, lr, carry), name='nbtrainer-fork', daemon=True
         ).start()
@@ -705,7 +723,12 @@ class Dashboard(Callback):
             for view in carry[0]:
                 view['figure'].update(failed, raw=True)
             return
-        self._carry = carry
+        views, ancestors, curves = carry
+        if self._forked is not None:  # a paused fit's fork: its summary names the branch, and goes above it
+            self._forked = step, lr, learn.progress.run_id
+            own = self._static(ancestors=False)
+            ancestors = [*ancestors, (own['text/html'], own['text/plain'])]
+        self._carry = views, ancestors, curves
         try:
             asyncio.run(learn.fit_async(**learn.progress.call, cbs=self._fit_cbs(), lr=lr))
         except BaseException:
@@ -723,7 +746,16 @@ class Dashboard(Callback):
         "What the controls carried out during this fit, in one line."
         if self.controls is None:
             return ''
-        return ' · '.join(_describe_request(*entry) for entry in self.controls.log[self._log_start :])
+        log = self.controls.log[self._log_start :]
+        ended_by_fork = self._forked is not None and self.learn.fit_outcome == 'stopped' and log[-1][1] == 'stop'
+        if not ended_by_fork:  # no fork asked, or the fit ended otherwise before it (an interrupt, an error)
+            return ' · '.join(_describe_request(*entry) for entry in log)
+        # ended by a fork: the hold's lr is the branch's and its resume was never pressed; the stop names the branch
+        step, lr, run = self._forked
+        last = log[-1][0]
+        kept = [entry for entry in log[:-1] if not (entry[0] == last and entry[1] in ('lr', 'resume'))]
+        fork = f'forked at step {step} with lr {lr:.3g}' + (f' → run {run}' if run else '')
+        return ' · '.join([*(_describe_request(*entry) for entry in kept), fork])
 
     def _static(self, ancestors=True):
         "The summary as plain HTML and text (kept by a saved notebook): headline, requests, figure, table, failure."
@@ -732,6 +764,8 @@ class Dashboard(Callback):
         parts = [html_ for html_, _ in carried] + [f'<p style="margin:4px 0"><b>{html.escape(self.summary)}</b></p>']
         if requests:
             parts.append(f'<p style="margin:4px 0;font-size:12px">Requests: {html.escape(requests)}</p>')
+        failures = [note for note in (self._figure_note(), self._end_error) if note]  # the fit's result stands
+        parts += [f'<p style="margin:4px 0;font-size:12px"><i>{html.escape(note)}</i></p>' for note in failures]
         figure = ''
         if self.png:
             width = _FIGURE_PX[0]
@@ -750,6 +784,7 @@ class Dashboard(Callback):
                 *(text for _, text in carried),
                 self.summary,
                 *([f'Requests: {requests}'] if requests else []),
+                *failures,
                 *([format_header(keys)] if keys else []),
                 *(format_row(r, keys) for r in rows),
             ]
@@ -767,6 +802,7 @@ class Dashboard(Callback):
             raise ValueError('this dashboard has not shown a fit yet')
         with self._lock:
             if self.summary is None:
+                self._show_status()  # the step as it is now: never behind the figure, which comes off its tick
                 return self.views.append(self._display())
         display(self.static, raw=True)
         if self.can_fork and self.learn.fork_steps():

@@ -16,6 +16,7 @@ from pathlib import Path
 from .clock import wall
 from .plotting import show_figures_inline
 from .recorder import monitored_value
+from .render import plain_text
 from nbtrainer.registry import (
     as_json,
     connect,
@@ -233,14 +234,6 @@ def runs(db='runs/experiments.db', study=None, stale_after=None, limit=1000, off
     return read_runs(db, *where, stale_after=stale_after, limit=limit, offset=offset)
 
 # %% ../nbs/18b_experiments.ipynb #ac3c54a7
-def plain_text(text, width=None):
-    "`text` as matplotlib draws it verbatim (`$` escaped: no mathtext), on one line, cut to `width` characters with '…'."
-    text = ' '.join(str(text).split())
-    if width is not None and len(text) > width:
-        text = text[: width - 1] + '…'
-    return text.replace('$', r'\$')
-
-
 def legend_beside(fig, ax, width=36, fontsize='small'):
     "The axes' legend right of them, labels wrapped at `width` characters (at most three lines), the axes narrowed to fit."
     import textwrap
@@ -256,7 +249,41 @@ def legend_beside(fig, ax, width=36, fontsize='small'):
     fig.subplots_adjust(left=0.1, right=1 - room / fig.get_figwidth(), bottom=0.13, top=0.95)
     return legend
 
-# %% ../nbs/18b_experiments.ipynb #7db86915
+# %% ../nbs/18b_experiments.ipynb #2c1ee9df
+_CELL = (
+    'padding:2px 8px;text-align:left;vertical-align:middle;white-space:nowrap'  # set here: a widget has no table CSS
+)
+_INFO = (  # an "i" in a circle, drawn: a font may lack the character ⓘ
+    '<svg width="12" height="12" viewBox="0 0 12 12" style="vertical-align:-1px;margin-left:4px" aria-label="details">'
+    '<circle cx="6" cy="6" r="5.25" fill="none" stroke="currentColor" stroke-width="1.2"/>'
+    '<rect x="5.3" y="5" width="1.4" height="4" fill="currentColor"/><rect x="5.3" y="2.6" width="1.4" height="1.4" '
+    'fill="currentColor"/></svg>'
+)
+
+
+def html_table(columns, rows, cls, caption='', bold=()):
+    """A table as HTML with its style inline, the same wherever it shows (an output, a widget, a saved notebook):
+    `columns` (text), `rows` (lists of cells' HTML), `caption` (text), the rows numbered in `bold` in bold."""
+    head = ''.join(f'<th style="{_CELL}">{html.escape(c)}</th>' for c in columns)
+    weight = lambda i: ' style="font-weight:bold"' if i in bold else ''
+    body = ''.join(
+        f'<tr{weight(i)}>' + ''.join(f'<td style="{_CELL}">{cell}</td>' for cell in row) + '</tr>'
+        for i, row in enumerate(rows)
+    )
+    caption = f'<caption style="text-align:left;padding:2px 8px">{html.escape(caption)}</caption>' if caption else ''
+    return (
+        f'<table class="{cls}" style="border-collapse:collapse;font-variant-numeric:tabular-nums">{caption}'
+        f'<thead><tr style="border-bottom:1px solid rgba(127,127,127,.6)">{head}</tr></thead><tbody>{body}</tbody></table>'
+    )
+
+
+def status_html(status, message=''):
+    "A run's status in its colour, its message (a stopped or failed run's) on hover, marked by an ⓘ drawn inline."
+    color = _STATUS_COLORS.get(status.split()[0] if status else status, 'inherit')
+    title = f' title="{html.escape(message)}"' if message else ''
+    return f'<span style="color:{color}"{title}>{html.escape(status)}{_INFO if message else ""}</span>'
+
+# %% ../nbs/18b_experiments.ipynb #bebc13a6
 _STATUS_COLORS = {
     'running': '#1f77b4',
     'finished': '#2ca02c',
@@ -378,20 +405,11 @@ class Runs(list):
             return '<p>no runs</p>'
         columns, rows = self.table()
         status = columns.index('status')
-        head = ''.join(f'<th style="text-align:left">{html.escape(c)}</th>' for c in columns)
-        body = []
+        cells = []
         for run, row in zip(self, rows):
-            cells = [f'<td style="text-align:left">{html.escape(c)}</td>' for c in row]
-            title = f' title="{html.escape(run.message)}"' if run.message else ''
-            cells[status] = (
-                f'<td style="text-align:left;color:{_STATUS_COLORS.get(run.status, "inherit")}"{title}>'
-                f'{html.escape(row[status])}{" ⓘ" if run.message else ""}</td>'
-            )
-            body.append('<tr>' + ''.join(cells) + '</tr>')
-        note = f'<caption style="text-align:left">{html.escape(self.page_note())}</caption>' if self.page_note() else ''
-        return (
-            f'<table class="nbtrainer-runs">{note}<thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
-        )
+            cells.append([html.escape(c) for c in row])
+            cells[-1][status] = status_html(row[status], run.message)
+        return html_table(columns, cells, 'nbtrainer-runs', caption=self.page_note())
 
     def histories(self):
         "The runs' histories, in order, read in one query per database (and kept as each run's `.history`)."

@@ -63,8 +63,8 @@ class LivePlot(Callback):
         self._job, self._ids, self._lost = next(_JOBS), itertools.count(1), False
         self._start = clock.now()
         self._restart()
-        recorder = learn.recorder  # an earlier fit's curves, a branch's history to its fork point: shown at once
-        self._hand_over(draw='live' if len(recorder.batches['loss']) or recorder.history else None)
+        # the layout frame at once (axes to come, or an earlier fit's curves, a branch's history to its fork point)
+        self._hand_over()
 
     def _restart(self):
         "At the next hand-over, start the job in the rendering process and send everything (a new fit, or a lost job)."
@@ -78,6 +78,11 @@ class LivePlot(Callback):
         "Hand over what changed if a frame is due: `every` seconds after the last hand-over, the last frame back, news."
         if now >= self._next and (self.learn.step != self._step or len(self.learn.recorder.history) != self._rows_sent):
             self._hand_over()
+
+    @property
+    def point_due(self):
+        "Is a frame due as soon as there is a point? After the layout frame, until the first curve is drawn."
+        return self._next == -math.inf
 
     def render(self):
         "Hand over now, a frame on its way or not, so the figure shows where the fit stands (a pause, a resume)."
@@ -118,8 +123,9 @@ class LivePlot(Callback):
             return self._final_done.set()
         if png:
             self._context.run(self._show_live, png, reply.get('step'))
-        if reply.get('id') == self._waiting:
-            self._next = self._sent_at + self.every  # the next frame is due then
+        if reply.get('id') == self._waiting:  # the next frame is due `every` s after this one, or with the first point
+            drew_points = reply.get('step') is not None or 'error' in reply
+            self._next = self._sent_at + self.every if drew_points else -math.inf
 
     def _show_live(self, png, step):
         self.png, self.step, self.frames = png, step, self.frames + 1
@@ -138,7 +144,11 @@ class LivePlot(Callback):
         if not png:  # the process failed, or did not answer in time
             if not answered:
                 self._renderer.stop()  # stuck: the next request starts a new one
-            png = self._draw_here()
+            try:
+                png = self._draw_here()
+            except Exception as e:  # a display never fails a fit: the error is kept, for the dashboard to say
+                self.error = f'{type(e).__name__}: {e}'
+                return
         self.png, self.step = png, reply.get('step', self.learn.step)
         self.show(png, self.step, final=True)
 

@@ -22,8 +22,9 @@ from .clock import now
 from .core import Learner, patch_to
 from .distributed import broadcast_object, init_distributed, is_distributed, rank
 from .recorder import monitored_value
+from .render import LABEL_CHARS, plain_text
 from .runfiles import file_kind, open_file, printable, real_folder
-from .experiments import Runs, runs
+from .experiments import Runs, html_table, runs, status_html
 from .registry import connect, location, on_server
 from .track import Tracker
 
@@ -321,7 +322,7 @@ class TrialReport(Callback):
 
     def __init__(self, trial, monitor, stopping, listeners=()):
         self.trial, self.monitor, self.stopping, self.listeners = trial, monitor, stopping, listeners
-        self.reported = set()
+        self.reported, self._told = set(), -math.inf
 
     def _report(self, rows):
         "Report the values of the rows the trial lacks (all of them, but on a resumed trial); True if any was new."
@@ -339,8 +340,7 @@ class TrialReport(Callback):
 
     def _decide(self, new, row):
         "Ask the pruner about the value just reported; end the trial if it says so, or if the study is stopping."
-        for listener in list(self.listeners):
-            listener()
+        self._tell()
         prune, stop = self.trial is not None and new and self.trial.should_prune(), self.stopping.is_set()
         if self.learn.strategy.distributed:  # rank 0's answers, on every rank: all end at this evaluation
             prune, stop = self.learn.strategy.broadcast_object((prune, stop))
@@ -361,6 +361,14 @@ class TrialReport(Callback):
         new = self.trial is not None and self._report(history)
         if history:
             self._decide(new, history[-1])
+        else:
+            self._tell()  # the table shows the trial from its start
+
+    def _tell(self):
+        "The listeners (the study's table) look again."
+        self._told = now()
+        for listener in list(self.listeners):
+            listener()
 
     def after_eval(self):
         row = self.learn.eval_row
@@ -369,6 +377,8 @@ class TrialReport(Callback):
     def after_batch(self):  # under DDP a stop waits for the next evaluation, where every rank learns of it
         if self.stopping.is_set() and not self.learn.strategy.distributed:
             raise StudyStopped(STOP_MESSAGE)
+        if self.listeners and now() - self._told >= 1.0:  # between evaluations, the table shows the trial's step
+            self._tell()
 
 # %% ../nbs/19_study.ipynb #fdefe878
 class _FileClaims:
@@ -627,6 +637,7 @@ class Study:
             _check_fit(fit)
         self.trials, self.fit, self.display = trials, dict(fit or {}), display
         self._study, self._stopping, self.listeners = None, threading.Event(), []
+        self._live = None  # the trial trained here now: (its Tracker, its Learner)
         self._learners = weakref.WeakSet()  # the Learners build() made for this study's trials: each must be new
 
     def _space_from_registry(self):
@@ -986,9 +997,11 @@ class Study:
             )
         report = TrialReport(trial, self.monitor if len(self.objectives) == 1 else None, self._stopping, self.listeners)
         added = learn.add_cbs([tracker, checkpointer, report, *([_StatusColumns(from_status)] if from_status else [])])
+        self._live = tracker, learn
         try:
             learn.fit(**self.fit, resume=True if resumed else None)
         finally:
+            self._live = None
             learn.remove_cbs(added)
         return learn, tracker
 
@@ -1121,17 +1134,6 @@ def _cell(v):
     return str(v)
 
 
-_STATUS_COLOR = {
-    'running': '#1f77b4',
-    'finished': '#2ca02c',
-    'pruned': '#8c564b',
-    'stopped': '#ff7f0e',
-    'failed': '#d62728',
-    'died': '#7f7f7f',
-    'preempted': '#9467bd',
-}
-
-
 def _sparkline(points, scale, span, width=90, height=18):
     "A small inline SVG curve of (step, value) points, on the study's common scales (so that rows compare)."
     points = [(s, v) for s, v in points if math.isfinite(v)]
@@ -1151,13 +1153,16 @@ def _sparkline(points, scale, span, width=90, height=18):
 def table(self, found=None):
     "The study's table: (column names, rows), a row per trial by number, each with its curve of the monitored value."
     found = self.runs() if found is None else found
-    several = len(self.objectives) > 1
+    several, live = len(self.objectives) > 1, self._live  # (its Tracker, its Learner): the trial this process trains
     front = {r.id for r in self.pareto} if several and found else set()
     best = None if several else next(iter(self.ranked(found)), None)
     rows = []
     for r in found:
         values = [(row['step'], monitored_value(row, self.objectives[0][0])) for row in r.history]
         status = 'stopped (resumes)' if r.status == 'stopped' and r.message in _RESUMED else r.status
+        if r.status == 'running' and live is not None and live[0].run_id == r.id:  # trained here: where it stands
+            status = f'running, step {live[1].step}'
+
         rows.append(
             {
                 'trial': r.config['trial'],
@@ -1186,29 +1191,18 @@ def _repr_html_(self):
     values = [v for row in rows for _, v in row['curve'] if math.isfinite(v)]
     steps = [s for row in rows for s, _ in row['curve']]
     scale, span = (min(values), max(values)) if values else (0, 1), (min(steps), max(steps)) if steps else (0, 1)
-    body = []
+    cells = []
     for row in rows:
-        cells = [html.escape(_cell(row[c])) for c in columns[:-1]]
-        title = f' title="{html.escape(row["message"])}"' if row['message'] else ''
-        color = _STATUS_COLOR.get(row['status'].split()[0], 'inherit')
-        cells[1] = f'<span style="color:{color}"{title}>{cells[1]}</span>'
-        bold = ' style="font-weight:bold"' if row['best'] else ''
-        body.append(
-            f'<tr{bold}>'
-            + ''.join(f'<td style="text-align:left">{c}</td>' for c in cells)
-            + f'<td>{_sparkline(row["curve"], scale, span)}</td></tr>'
-        )
+        cells.append([html.escape(_cell(row[c])) for c in columns[:-1]] + [_sparkline(row['curve'], scale, span)])
+        cells[-1][1] = status_html(row['status'], row['message'] or '')
     done = sum(r['status'] in ('finished', 'pruned') for r in rows)
     of = f' of {self.trials}' if self.trials else ''
     caption = (
         f'study {self.name}: {len(rows)} trials, {done} finished or pruned{of}; the best in bold; '
         f'curves: {self.objectives[0][0]} by step'
     )
-    head = ''.join(f'<th style="text-align:left">{html.escape(c)}</th>' for c in columns)
-    return (
-        f'<table class="nbtrainer-study"><caption style="text-align:left">{html.escape(caption)}</caption>'
-        f'<thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
-    )
+    bold = [i for i, row in enumerate(rows) if row['best']]
+    return html_table(columns, cells, 'nbtrainer-study', caption=caption, bold=bold)
 
 
 @patch_to(Study)
@@ -1366,8 +1360,8 @@ def _scatter(self, ax, name, found, complete):
             )
     if p.log:
         ax.set_xscale('log')
-    ax.set_xlabel(name)
-    ax.set_ylabel(self.objectives[0][0])
+    ax.set_xlabel(plain_text(name, LABEL_CHARS))  # names as written, and short enough to fit
+    ax.set_ylabel(plain_text(self.objectives[0][0], LABEL_CHARS))
 
 
 @patch_to(Study)
@@ -1387,11 +1381,11 @@ def plot_isolation(self, params=None, bins=None, path=None):
         groups = _groups(p, [(r.config[name], r.best['value']) for r in complete if name in r.config], bins)
         bests = [(_x(p, x), y) for x, y in (pick(g, key=lambda xy: xy[1]) for g in groups if g)]
         ax.plot([x for x, _ in bests], [y for _, y in bests], 'o-', color='tab:blue', ms=6, label='best per bin')
-        ax.set_title(f'{name} ({p.role}): best per bin, the rest optimized', fontsize=9)
+        ax.set_title(f'{plain_text(name, LABEL_CHARS)} ({p.role})\nbest per bin, the rest optimized', fontsize=9)
         ax.legend(fontsize='small')
     return _finish(fig, path)
 
-# %% ../nbs/19_study.ipynb #84ad6f41
+# %% ../nbs/19_study.ipynb #cee1618f
 @patch_to(Study)
 def near_bounds(self, top=3, margin=0.1):
     """The searched numeric parameters where one of the `top` best trials lies within `margin` of a bound (a share of
@@ -1433,8 +1427,10 @@ def plot_params(self, params=None, top=3, margin=0.1, path=None):
         if p.kind in ('float', 'int'):
             for bound in (p.low, p.high):
                 ax.axvline(bound, color='gray', ls='--', lw=1)
-        warn = f': best near the {edges[name]} bound' if name in edges else ''
-        ax.set_title(f'{name} ({p.role}){warn}', fontsize=9, **({'color': 'tab:red'} if warn else {}))
+        warn = f'\nbest near the {edges[name]} bound' if name in edges else ''
+        ax.set_title(
+            f'{plain_text(name, LABEL_CHARS)} ({p.role}){warn}', fontsize=9, **({'color': 'tab:red'} if warn else {})
+        )
         ax.legend(fontsize='small')
     return _finish(fig, path)
 
@@ -1469,7 +1465,7 @@ def plot_pareto(self, path=None):
     ax.plot([p[0] for p in points], [p[1] for p in points], 'o', color='tab:gray', alpha=0.6, ms=5, label='trials')
     best = sorted((px, py) for px, py, on in points if on)
     ax.plot([p[0] for p in best], [p[1] for p in best], '*-', color='tab:red', ms=12, label=f'front ({len(best)})')
-    ax.set_xlabel(f'{x} ({x_mode})')
-    ax.set_ylabel(f'{y} ({y_mode})')
+    ax.set_xlabel(f'{plain_text(x, LABEL_CHARS)} ({x_mode})')
+    ax.set_ylabel(f'{plain_text(y, LABEL_CHARS)} ({y_mode})')
     ax.legend(fontsize='small')
     return _finish(fig, path)

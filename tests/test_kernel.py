@@ -228,6 +228,37 @@ def summaries(messages):
     return {i: data['text/html'] for i, data in last.items() if 'text/html' in data}
 
 
+def test_the_first_frame_comes_as_the_fit_starts_and_a_dollar_named_metric_draws():
+    """The layout frame (axes to come) is the first figure the kernel sends, requested before the first batch; live
+    curves follow in order. The metric is named with mathtext's `$`: it is drawn as plain text, no error anywhere."""
+    km, kc = start_new_kernel(kernel_name='python3')
+    try:
+        execute(kc, SETUP)
+        setup = """
+            def odd(preds, targets): return (preds.argmax(1) == targets).float().mean()
+            odd.__name__ = 'usd_$_per_$_call'
+            learn = Learner(SlowLinear(8, 2), dl, dl, lr=0.1, metrics=[odd])"""
+        execute(kc, textwrap.dedent(setup))
+        msg_id = kc.execute('learn.fit(8)')  # 320 batches of 5 ms or more
+        messages = iopub_until_idle(kc, msg_id)
+        assert shell_reply(kc, msg_id)['content']['status'] == 'ok'
+        shown = [m for m in messages if m['msg_type'] in ('display_data', 'update_display_data')]
+        figures = [m for m in shown if 'class="nbtrainer-figure"' in m['content']['data'].get('text/html', '')]
+        assert figures and figure_step(figures[0]) is None, 'the first frame is the layout frame, sent before a batch'
+        live = [figure_step(m) for m in figures[1:]]
+        assert live and None not in live and live == sorted(live), live
+        took = (figures[0]['header']['date'] - shown[0]['header']['date']).total_seconds()
+        print(f'first frame {took:.2f} s after the dashboard appeared; then {len(live)} live frames at steps {live}')
+        assert took < 20, f'the first frame came {took:.1f} s after the dashboard: not sent at the fit\'s start?'
+        (summary,) = summaries(messages).values()
+        assert 'Fit finished at step 320 of 320' in summary and 'could not be drawn' not in summary
+        assert 'usd_$_per_$_call' in summary and 'data:image/png;base64,' in summary
+        assert evaluate(kc, 'learn.fit_outcome') == 'finished'
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
 @pytest.mark.parametrize('call', ['await learn.fit_async(1000)', 'learn.fit(1000)'])
 def test_interrupt_ends_the_fit_cleanly(call):
     km, kc = start_new_kernel(kernel_name='python3')

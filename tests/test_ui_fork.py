@@ -18,6 +18,7 @@ from test_ui import (
     ARGS,
     ARTIFACTS,
     CHROMIUM,
+    boxes,
     cell,
     control,
     open_notebook,
@@ -34,9 +35,11 @@ pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]  # JupyterLab in Chromi
 CELLS = [
     slow_mlp(0.02)
     + '''from nbtrainer import Controls, Learner, Tracker, runs
+def accuracy(preds, targets): return (preds.argmax(1) == targets).float().mean()
+accuracy.__name__ = LONG_NAME  # a long name, with mathtext's $: the legend shows it, cut to fit
 learn = Learner(SlowMLP(), DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True),
                 DataLoader(TensorDataset(x[:64], y[:64]), batch_size=32), lr=0.05, fork_points=4,
-                cbs=[Controls(), Tracker('runs.db')])''',
+                metrics=[accuracy], cbs=[Controls(), Tracker('runs.db')])''',
     'await learn.fit_async(steps=40_000, eval_every=10)  # paused, then forked from its dashboard',
     "from nbtrainer.testing import wait_for\n"
     "parent_run = learn.progress.parent\n"
@@ -49,6 +52,7 @@ learn = Learner(SlowMLP(), DataLoader(TensorDataset(x, y), batch_size=16, shuffl
     'learn.dashboard()  # after the fit: its summary, and a fork bar',
 ]
 SETUP, FIT, STATE, AFTER = range(4)
+LONG_NAME = 'accuracy_in_$_of_the_held_out_examples_counted_over_every_evaluation_batch_seen'  # 80 characters
 
 
 def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
@@ -56,7 +60,7 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
 
     port, folder = lab
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
-    nb.cells[0].source = 'import json, time\n' + nb.cells[0].source
+    nb.cells[0].source = f'import json, time\nLONG_NAME = {LONG_NAME!r}\n' + nb.cells[0].source
     nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}
     nbformat.write(nb, folder / 'fork.ipynb')
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -76,9 +80,19 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
                 page.wait_for_timeout(100)
             assert forks.count() == 0  # running: nothing to fork from yet
 
+            dash.locator('.nbtrainer-figure').first.screenshot(path=str(ARTIFACTS / 'long-legend.png'))
             control(dash, 'Pause').click()
             paused_at = int(wait_for_status(page, dash, r'paused at step (\d+)').group(1))
+            assert dash.locator('.nbtrainer-head').inner_text() == f'Paused at step {paused_at}:'
             forks.first.wait_for(timeout=30_000)  # offered while paused: the kept evaluations among the rows shown
+            # the fork choices read as forks: not red as Stop is, their label on their line, left of them
+            colors = dash.evaluate('''d => [d.querySelector('.nbtrainer-actions button'),
+                d.querySelector('.nbtrainer-fork button')].map(b => getComputedStyle(b).backgroundColor)''')
+            assert colors[0] != colors[1], colors
+            where = boxes(dash, label='.nbtrainer-fork-label', button='.nbtrainer-fork button')
+            label, button = where['label'], where['button']
+            middle = label['y'] + label['height'] / 2
+            assert button['y'] <= middle <= button['y'] + button['height'] and label['x'] < button['x'], where
             deadline = time.time() + 30
             while True:  # the table's view may show the newest row a moment after the fork buttons: both settle
                 shown = [int(rows.nth(i).locator('td').nth(1).inner_text()) for i in range(rows.count())]
@@ -94,6 +108,7 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
             fork_step = offered[0]
             assert fork_step < paused_at
             page.screenshot(path=str(ARTIFACTS / 'fork-paused.png'))
+            dash.locator('.nbtrainer-controls').first.screenshot(path=str(ARTIFACTS / 'fork-controls.png'))
             forks.first.click()
 
             # the parent ends, the branch takes its place in the same output and trains from the fork point
@@ -111,7 +126,13 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
                     break
                 assert time.time() < deadline, f'the branch did not train: {text!r}'
                 page.wait_for_timeout(100)
-            assert 'forked at step' in branch.inner_text()  # the parent's summary above the branch's dashboard
+            # the parent's summary above the branch's dashboard: what was pressed, where the branch went
+            said = branch.inner_text()
+            assert re.search(
+                rf'Requests: paused at step {paused_at} · forked at step {fork_step} with lr 0\.005 → run [0-9a-f]{{12}}',
+                said,
+            ), said
+            assert 'resumed at step' not in said and 'lr 0.005 from step' not in said
             run_cell(page, STATE)  # the kernel is free: the awaited parent fit has ended
             box = page.locator(output('BRANCH-STATE')).first
             box.wait_for(timeout=120_000)

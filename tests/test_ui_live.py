@@ -55,6 +55,8 @@ learn = Learner(SlowMLP(), DataLoader(TensorDataset(x, y), batch_size=16, shuffl
     'await learn.fit_async(steps=60, eval_every=20)  # about 2 s',
     "print('FRAMES-SHORT', learn.fit_outcome, frames)",
     'frames.clear()\ntask = learn.fit_async(steps=40_000, eval_every=40)  # in the background, until Stop',
+    "from nbtrainer.testing import wait_for\n"  # the pause's frame is drawn by the rendering process: it may trail
+    "wait_for(lambda: any(p and s == learn.step for s, p, _ in frames), 'the paused step drawn', timeout=60)\n"
     "print('FRAMES-PAUSED', frames)",
     "print('FRAMES-RESUMED', frames)",
     'frames.clear()\nawait learn.fit_async(steps=60, eval_every=20)  # after the switch to the light theme',

@@ -3,7 +3,7 @@ shows the table with a working Stop button in the cell that started it; the tabl
 Stop ends that trial at its next batch (left to resume), starts no new one, and the live widget is replaced by the
 static table, which says so."""
 
-import ast
+import ast, re
 
 import nbformat
 import pytest
@@ -58,6 +58,11 @@ def test_the_live_study_table_and_its_stop_button(lab):
             live = cell(page, RUN)
             # the running trial is in the table, with the curve of its evaluations so far (the table refreshes)
             live.locator('table.nbtrainer-study tr:has-text("running") svg polyline').first.wait_for(timeout=180_000)
+            # it names the running trial's step, its cells padded as the static table's are (one style, set inline)
+            running = live.locator('table.nbtrainer-study tr:has-text("running")').first
+            assert re.fullmatch(r'running, step \d+', running.locator('td').nth(1).inner_text().strip())
+            padding = running.locator('td').first.evaluate('td => getComputedStyle(td).paddingLeft')
+            assert padding == '8px', padding
             stop = live.locator('.jp-OutputArea-output .widget-button:has-text("Stop")')
             assert stop.is_enabled()
             live.screenshot(path=str(ARTIFACTS / 'study-live.png'))

@@ -1,7 +1,7 @@
 """Copy the browser tests' screenshots of each dashboard state into `nbs/images/ui/`, where the dashboard notebook
-shows them (`nbs/17_dashboard.ipynb`, "Screenshots"). Run the browser tests first, then:
+shows them (`nbs/17_dashboard.ipynb`, "Screenshots"; the study's live table in `nbs/19_study.ipynb`). Run the browser tests first, then:
 
-    python -m pytest tests/test_ui.py tests/test_ui_live.py tests/test_ui_fork.py tests/test_ui_display.py
+    python -m pytest tests/test_ui.py tests/test_ui_live.py tests/test_ui_fork.py tests/test_ui_display.py tests/test_ui_study.py
     python tools/ui_screenshots.py && python tools/run_notebooks.py nbs/17_dashboard.ipynb
 
 Each image is narrowed to 900 px at most and stored with 256 colours (no dithering), so that the notebook that embeds it
@@ -25,6 +25,9 @@ SHOTS = {
     'html-display.png': 'html-display.png',
     'live-long-fit.png': 'long-fit.png',
     'live-waiting.png': 'waiting.png',
+    'fork-controls.png': 'fork-controls.png',
+    'long-legend.png': 'long-legend.png',
+    'study-live.png': 'study-live.png',
 }
 
 
