@@ -59,8 +59,8 @@ from nbtrainer.metrics import (
 from .layers import GhostBatchNorm
 from .precision import MixedPrecision
 from .recorder import Recorder, SkipNonFinite, monitored_value
-from .parts import Accumulation, FitProgress, SingleProcess, TrainPass
-from .core import Learner, patch_to
+from .parts import SingleProcess
+from .core import Learner
 from .progress import ProgressCallback, ProgressLog
 from .plotting import plot_history
 from nbtrainer.checkpoint import (
@@ -99,7 +99,6 @@ from .track import Tracker
 from .study import Choice, Fixed, Float, Int, Param, Study, StudyStopped, TrialPruned
 
 __all__ = [
-    'Accumulation',
     'Accuracy',
     'CSVLogger',
     'Callback',
@@ -123,7 +122,6 @@ __all__ = [
     'ExactMatch',
     'F1',
     'FSDP',
-    'FitProgress',
     'ForkPoints',
     'FunctionCallback',
     'FunctionMetric',
@@ -163,7 +161,6 @@ __all__ = [
     'SkipNonFinite',
     'TensorBoardLogger',
     'TorchScheduler',
-    'TrainPass',
     'TopKAccuracy',
     'Tracker',
     'batch_size',
@@ -178,7 +175,6 @@ __all__ = [
     'memory_per_rank',
     'monitored_value',
     'one_cycle',
-    'patch_to',
     'plain_checkpoint',
     'plain_state_dict',
     'plot_history',
