@@ -45,7 +45,7 @@ class BatchReader:
                 x, y = to_device(x, device), to_device(y, device)
                 batch = type(batch)((x, y))
             self.batch, self.xb, self.yb, self.tokens = batch, (x,), y, None
-            self.weights = weights = self.strategy.mask_padding(self, None) if self.strategy.distributed else None
+            self.weights = weights = self.strategy.mask_padding(self, None)  # DDP: a repeated example, weight 0
             self.bs = y.shape[0] if weights is None else weights.sum()
             return
         self.batch = to_device(batch, self.device)

@@ -205,10 +205,10 @@ class CallbackHost:
     main_process = True  # under DDP, a host on another rank leaves out `main_process_only` callbacks
 
     def __init__(self, cbs=(), scopes=()):
-        "`scopes`: each event pair's (name, cancel, the name of the method that ends it or None, always): EventScopes."
+        "`scopes`: each event pair's (name, its cancel exception, whether it closes on errors too): EventScopes."
         self.cbs, self.training, self._dispatch = [], False, types.SimpleNamespace(tables=dispatch_tables([]))
-        for name, cancel, last, always in scopes:
-            setattr(self._dispatch, name, EventScope(self, name, cancel, last and getattr(self, last), always))
+        for name, cancel, always in scopes:
+            setattr(self._dispatch, name, EventScope(self, name, cancel, always))
         self._events = self._dispatch.tables[False]  # the phase's table: who hears each event now
         self.add_cbs(cbs)
 
@@ -261,25 +261,40 @@ class CallbackHost:
 
 # %% ../nbs/00a_callback.ipynb #f28825b1
 class EventScope:
-    "An event pair around a block that fires `before_<name>` first; out: `last`, `after_cancel_<name>`, `after_<name>`"
+    "An event pair around a block: `before_<name>` on entering; on leaving `after_cancel_<name>` if cancelled, `after_<name>`"
 
-    def __init__(self, host, name, cancel, last=None, always=False):
-        self.host, self.cancel, self.last, self.always = host, cancel, last, always
-        self.after, self.after_cancel = 'after_' + name, 'after_cancel_' + name
+    def __init__(self, host, name, cancel, always=False):
+        self.host, self.cancel, self.always, self.last = host, cancel, always, None  # last(exc): before closing
+        self.before, self.after, self.after_cancel = 'before_' + name, 'after_' + name, 'after_cancel_' + name
+        self.cancels = []  # each block under way: the cancel that ended it early (None: none yet)
+        self.cancellable = _Cancellable(self)
 
     def __enter__(self):
-        return self
+        "Fire `before_<name>`: True, or False if a callback cancelled the block there (it still closes)."
+        self.cancels.append(None)
+        if not self.host._events[self.before]:
+            return True
+        try:
+            self.host(self.before)
+        except self.cancel as e:
+            self.cancels[-1] = e
+            return False
+        except BaseException as e:
+            if not self.always:
+                self.cancels.pop()
+                raise
+            self.__exit__(type(e), e, e.__traceback__)  # the fit closes on an error in before_fit too
+            raise
+        return True
 
     def __exit__(self, kind, exc, tb):
-        host, cancelled = self.host, kind is not None
-        error = cancelled and not issubclass(kind, self.cancel)
+        host, held = self.host, self.cancels.pop()
+        error = kind is not None and not issubclass(kind, self.cancel)
         if error and not self.always:
             return False  # an error, or an outer scope's cancel: not this scope's
+        cancelled = kind is not None or held is not None
         if self.last is not None:
-            try:
-                self.last(exc)
-            except self.cancel:
-                cancelled = True
+            self.last(exc if exc is not None else held)
         if not self.always:
             if cancelled:
                 host(self.after_cancel)
@@ -298,4 +313,20 @@ class EventScope:
             return False
         if first is not None:
             raise first
+        return True
+
+
+class _Cancellable:
+    "The scope's cancel ends this inner block only: the scope records it, and the rest of the outer block runs."
+
+    def __init__(self, scope):
+        self.scope = scope
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is None or not issubclass(kind, self.scope.cancel):
+            return False
+        self.scope.cancels[-1] = exc
         return True

@@ -93,15 +93,15 @@ def _hook(name, why):
 _OWNERS = {'display': 'dashboard', 'preemption': 'preemption', 'fork_points': 'fork', 'resume': 'checkpoint'}
 
 # %% ../nbs/00_core.ipynb #b32f2037
-# the event pairs, each an EventScope: (name, its cancel exception, the method that ends it, closes on errors too)
+# the event pairs, each an EventScope: (name, its cancel exception, closes on errors too)
 _SCOPES = (
-    ('fit', CancelFitException, '_fit_ended', True),
-    ('epoch', CancelEpochException, None, False),
-    ('train', CancelTrainException, '_end_train', False),
-    ('validate', CancelValidateException, None, False),
-    ('batch', CancelBatchException, '_end_batch', False),
-    ('backward', CancelBackwardException, None, False),
-    ('step', CancelStepException, None, False),
+    ('fit', CancelFitException, True),
+    ('epoch', CancelEpochException, False),
+    ('train', CancelTrainException, False),
+    ('validate', CancelValidateException, False),
+    ('batch', CancelBatchException, False),
+    ('backward', CancelBackwardException, False),
+    ('step', CancelStepException, False),
 )
 
 
@@ -177,6 +177,8 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
         self.recorder = Recorder(train_metrics=make_metrics(train_metrics, loss_func, self.device, prefix='train_'))
         defaults = _default_callbacks(progress, dashboard, display, preemption, skip_nonfinite, fork_points)
         super().__init__([self.recorder, *defaults, *cbs], _SCOPES)  # the callbacks, and the event pairs (EventScope)
+        # how the fit ended, recorded before after_cancel_fit and after_fit
+        self._dispatch.fit.last = self.fit_state.end
 
     def validation_names(self):
         "The validation columns, in order: `valid_loss` and the metrics' names, then each other set's (`test_loss`, ...)."
@@ -287,21 +289,11 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
         self.fit_state.outcome = self.fit_state.exception = None
         progress = self.progress
         try:
-            with self._dispatch.fit:
-                self.zero_grad()
-                self.strategy.start_fit(self)
-                self('before_fit')
-                while progress.more_epochs():
-                    with self._dispatch.epoch:
-                        self('before_epoch')
-                        self._epoch()
-                    progress.next_epoch()
-                with progress.after_last_epoch():  # an evaluation after the epochs ran: labelled with the last
-                    if progress.eval_every and progress.step != progress.last_eval_step:
-                        self._evaluate()
-                    row = self.eval_row  # a subset fit evaluates the full set once, at the end, unless that row has it
-                    if self.eval_prefix and not (row and row.get('step') == self.step and 'valid_loss' in row):
-                        self._evaluate(full=True)
+            self.zero_grad()
+            self.strategy.start_fit(self)
+            with self._dispatch.fit as running:  # before_fit; after_cancel_fit (if cancelled), after_fit
+                if running:
+                    self._epochs()
         finally:
             self.fit_state.running, self.fit_state.thread, progress.epoch_done = False, None, False
             if not progress.steps_per_epoch:
@@ -309,15 +301,30 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
             self._set_phase(False)
             self.model.train()
 
-    def _fit_ended(self, exc):
-        self.fit_state.end(exc)  # how it ended, recorded before after_cancel_fit and after_fit
+    def _epochs(self):
+        "The fit's epochs, each in its scope; then the evaluations due after the last."
+        progress = self.progress
+        while progress.more_epochs():
+            with self._dispatch.epoch as running:  # before_epoch; after_cancel_epoch (if cancelled), after_epoch
+                if running:
+                    self._epoch()
+            progress.next_epoch()
+        with progress.after_last_epoch():  # an evaluation after the epochs ran: labelled with the last
+            if progress.eval_every and progress.step != progress.last_eval_step:
+                self._evaluate()
+            row = self.eval_row  # a subset fit evaluates the full set once, at the end, unless that row has it
+            if self.eval_prefix and not (row and row.get('step') == self.step and 'valid_loss' in row):
+                self._evaluate(full=True)
 
     def _epoch(self):
         "An epoch: its training phase, then its evaluation unless the fit evaluates every `eval_every` steps."
-        with self._dispatch.train:
-            self.strategy.start_train(self)
-            self('before_train')
-            self._train()
+        train = self._dispatch.train
+        self.strategy.start_train(self)
+        with train as running:  # before_train; after_cancel_train (if cancelled), after_train
+            with train.cancellable:  # a CancelTrainException ends training here: the strategy still hears of its end
+                if running:
+                    self._train()
+            self.strategy.end_train(self)  # DDP: a stop asked on any rank, at the end of training
         # training of this epoch is complete: a checkpoint from now on resumes at the next
         self.progress.epoch_done = True
         if not self.progress.steps_per_epoch:
@@ -352,54 +359,39 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
                     raise ValueError('train_dl yielded no batches: the training loader is empty')
                 if self.window.backwards:
                     self._update()  # a trailing window the loader's length did not announce
+                    self.zero_grad()
                 data.end()
                 if not progress.steps_per_epoch:
                     break  # so did the epoch
         self.window.accumulating = False
 
-    def _end_train(self, exc):
-        self.strategy.end_train(self)  # DDP: a stop asked on any rank, at the end of training
-
     def _one_batch(self, batch):
-        "One batch in its scope: forward and loss; in training, backward, and the step when it ends a window"
-        self._read_batch(batch)
-        training, window = self.training, self.window
-        if training:  # the accumulation window: planned at its first micro-batch, once
-            if window.left:
-                window.take(self.bs)  # a later micro-batch of the window under way
-            elif window.n == 1:
-                window.open(1, self.bs, self.bs)  # no accumulation: each batch is its own window
-            else:
-                window.plan(
-                    self.data_pass,
-                    self.iter,
-                    self.bs,
-                    self.yb if self.yb is not None else self.xb,
-                    exact=self.weights is None and self.tokens is None,
-                )
-            if self.strategy.distributed:
-                self.strategy.count_examples(self)
-        with self._dispatch.batch:
-            if self._events['before_batch']:
-                self('before_batch')
-            if self.precision.dtype is None:
-                self._forward()
-            else:
-                with self.precision.autocast():
-                    self._forward()
-            if not training:
-                self.validation.add(self.loss, self.bs, self.pred, self.yb, self.weights)
-                self.update_metrics(self.metrics)
-            else:
-                self.loss_grad = self.loss if window.step_examples is self.bs else window.share(self.loss, self.bs)
-                with self._dispatch.backward:  # callbacks may rescale loss_grad in before_backward
-                    if self._events['before_backward']:
-                        self('before_backward')
-                    self.backward()
-                    window.add_backward()
+        "One batch, top to bottom: read, forward, loss; in training, backward and, when its window is full, the step"
+        self._read_batch(batch)  # xb, yb and bs, on the device
+        training, window, scope = self.training, self.window, self._dispatch.batch
+        if training:  # the micro-batch's place in its window, planned at the window's first
+            exact = self.weights is None and self.tokens is None  # then the loader's batch sizes are the counts
+            window.place(self.data_pass, self.iter, self.bs, self.yb if self.yb is not None else self.xb, exact)
+            self.strategy.count_examples(self)  # DDP: the window's counts made global
+        with scope as running:  # before_batch; after_cancel_batch (if cancelled), after_batch
+            with scope.cancellable:  # a CancelBatchException ends this block: the window's step still comes
+                if running:
+                    with self.precision.autocast():  # bf16, fp16: forward and loss in low precision
+                        self._forward()  # predict, after_pred
+                        self._loss()  # get_loss, after_loss
+                    if training:
+                        self._backward()  # before_backward, backward, after_backward
+                    else:
+                        self.validation.add(self.loss, self.bs, self.pred, self.yb, self.weights)
+                        self.update_metrics(self.metrics)
+            if training:
+                if window.step_due():
+                    self._update()  # before_step, clipping, update_weights, after_step
+                    self.zero_grad()
+                self.strategy.end_batch(self)  # DDP: the periodic stop check
 
     def _forward(self):
-        "The forward pass and the loss, with their events (under the precision's autocast)."
+        "The forward pass, and the first batch's checks."
         try:
             self.predict()
         except Exception as e:
@@ -410,6 +402,9 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
             self._check_first_batch()
         if self._events['after_pred']:
             self('after_pred')
+
+    def _loss(self):
+        "The loss, checked on the phase's first batch."
         self.get_loss()
         if self._check_next:
             self._check_next = False
@@ -417,35 +412,33 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
         if self._events['after_loss']:
             self('after_loss')
 
-    def _end_batch(self, exc):
-        "A training batch ends, cancelled or not: the optimizer step when its window is complete, before `after_batch`."
-        if not self.training:
-            return
+    def _backward(self):
+        "The backward pass in its scope, of `loss_grad`: the batch's share of the step's loss (callbacks may rescale it)."
         window = self.window
-        if window.backwards and not window.accumulating:
-            self._update()
-        if self.strategy.distributed:
-            self.strategy.end_batch(self)
+        self.loss_grad = self.loss if window.step_examples is self.bs else window.share(self.loss, self.bs)
+        with (
+            self._dispatch.backward as running
+        ):  # before_backward; after_cancel_backward (if cancelled), after_backward
+            if running:
+                self.backward()
+                window.add_backward()
 
     def _update(self):
-        "The optimizer step of a finished window in its scope: clipping, the update, the count; then `zero_grad`."
+        "The optimizer step of a finished window in its scope: clipping, the update, the count."
         window, precision = self.window, self.precision
         if window.examples_seen is not window.step_examples:
             window.rescale(self.model)  # the plan was an estimate
-        if self.strategy.distributed:
-            self.strategy.sync_window(self)
-        with self._dispatch.step:
-            if self._events['before_step']:
-                self('before_step')
-            if self.clip_grad_norm is not None:
-                precision.unscale(self.opt)  # fp16: clip the true gradients
-                self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
-            self.update_weights()
-            self.progress.step += 1
+        self.strategy.sync_window(self)  # DDP: a window cut short, reduced by hand
+        with self._dispatch.step as running:  # before_step; after_cancel_step (if cancelled), after_step
+            if running:
+                if self.clip_grad_norm is not None:
+                    precision.unscale(self.opt)  # fp16: clip the true gradients
+                    self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
+                self.update_weights()
+                self.progress.step += 1
         if precision.unscaled:
             precision.end_step()
-        self.zero_grad()
-        window.backwards = 0
+        window.stepped()
 
     # ---- validation, and the fit's evaluations ----
     def validate(self, dl=None, ema=False):
@@ -495,15 +488,10 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
         if self.fitting:
             self.data_pass.hold_rng()  # a checkpoint saved now keeps training's random state
         try:
-            with torch.no_grad(), preserve_rng(self.device), self._dispatch.validate:
-                self.dl = dl
-                self('before_validate')
-                self.dl = self.strategy.eval_loader(self, self.dl)
-                self._check_next, self._read_pairs, self.iter = True, self._plain_batches(), -1
-                for self.iter, batch in enumerate(self.dl if self.dl is not None else ()):
-                    self._one_batch(batch)
-                if self.dl is not None:
-                    validation.finish(self.metrics, self.iter + 1)  # read from the device once
+            self.dl = dl
+            with torch.no_grad(), preserve_rng(self.device), self._dispatch.validate as running:  # before_validate
+                if running:
+                    self._validate_batches()
         finally:
             training, self.dl, self.iter, self._check_next = saved
             self._set_phase(training)
@@ -511,6 +499,15 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
             validation.collect = None
             self.data_pass.release_rng()
         return validation.values
+
+    def _validate_batches(self):
+        "Every batch of `learn.dl` (the strategy's share of it), then the validation's values, read from the device once."
+        self.dl = self.strategy.eval_loader(self, self.dl)
+        self._check_next, self._read_pairs, self.iter = True, self._plain_batches(), -1
+        for self.iter, batch in enumerate(self.dl if self.dl is not None else ()):
+            self._one_batch(batch)
+        if self.dl is not None:
+            self.validation.finish(self.metrics, self.iter + 1)
 
     def _valid_dl(self, dl, every=False):
         "The loader to validate: `dl`, the set it names, or the first set; `every`: (name, loader) of each, or of `dl`."

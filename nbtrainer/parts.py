@@ -366,6 +366,15 @@ class Accumulation:
         self.size, self.accumulating, self.closed = 1, False, True
         self.step_examples = self.batch_examples = self.examples_seen = None
 
+    def place(self, data, index, bs, batch, exact=True):
+        "A training micro-batch joins the window: the next of the window under way, or the first of a new one, planned."
+        if self.left:
+            self.take(bs)
+        elif self.n == 1:
+            self.open(1, bs, bs)  # no accumulation: each batch is its own window
+        else:
+            self.plan(data, index, bs, batch, exact)
+
     def plan(self, data, index, bs, batch, exact=True):
         """A window's first micro-batch (`index` in the pass `data`): its plan, made once: its micro-batches, cut at the
         pass's end, and its examples, exact from an ordinary loader (`exact`: no weights or tokens), else estimated."""
@@ -418,6 +427,7 @@ class Accumulation:
             torch._foreach_mul_(grads, planned / seen)  # a device tensor when weighted: no sync
 
     def stepped(self):
+        "The window's step is done: the next micro-batch starts a new window's gradients."
         self.backwards = 0
 
     def state_dict(self):

@@ -12,6 +12,8 @@ import contextlib
 
 import torch
 
+_FULL_PRECISION = contextlib.nullcontext()  # fp32's autocast: no state, so one serves every batch
+
 # %% ../nbs/05_precision.ipynb #18effc2a
 class MixedPrecision:
     "The autocast dtype of the forward pass and loss, and for fp16 the loss scaler: `precision` is 'fp32', 'bf16' or 'fp16'."
@@ -32,7 +34,7 @@ class MixedPrecision:
     def autocast(self):
         "The context the forward pass and the loss run in."
         if self.dtype is None:
-            return contextlib.nullcontext()
+            return _FULL_PRECISION
         return torch.autocast(self.device_type, dtype=self.dtype)
 
     def scale(self, loss):
