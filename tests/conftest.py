@@ -75,3 +75,18 @@ def registry(request, tmp_path):
         return lambda: tmp_path / f'registry-{next(count)}' / 'runs.db'
     server = request.getfixturevalue('postgres_server')
     return server.database
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files whose tests train in subprocesses first, then those that start process groups, kernels or browsers,
+    then the rest. tools/test.sh runs `--dist loadfile --no-loadscope-reorder`: a worker takes the next file as it
+    finishes one, so the long files start early and the run does not end with one worker alone on one of them (xdist's
+    default order, by number of tests, started the one-test kill-everywhere file last: a 3-minute tail)."""
+    heavy = ('distributed', 'ui', 'kernel')
+    rank = {}
+    for item in items:
+        if item.get_closest_marker('slow'):
+            rank[item.path] = 0
+        elif any(item.get_closest_marker(m) for m in heavy):
+            rank[item.path] = min(rank.get(item.path, 1), 1)
+    items.sort(key=lambda item: rank.get(item.path, 2))  # stable: each file's tests stay together, in their order

@@ -42,7 +42,7 @@ if [ "$repeat" != 0 ]; then
   for round in $(seq "$repeat"); do
     begun=$SECONDS
     echo "== round $round of $repeat (pytest ${pick[*]}, beside ${#busy[@]} busy processes)"
-    python -m pytest tests "${pick[@]}" -n "$jobs" --dist loadfile -q -rfE -p no:cacheprovider >"$logs/round-$round.log" 2>&1
+    python -m pytest tests "${pick[@]}" -n "$jobs" --dist loadfile --no-loadscope-reorder -q -rfE -p no:cacheprovider >"$logs/round-$round.log" 2>&1
     rc=$?
     tail -n 1 "$logs/round-$round.log"
     if [ "$rc" = 5 ]; then echo "pytest ${pick[*]} selected no tests"; exit 2; fi
@@ -128,7 +128,7 @@ fi
 stage "tests/ (pytest)"
 if $quick; then selection=(-m 'not (ui or kernel or distributed or slow or cuda)'); else selection=(); fi
 # --dist loadfile: a file's tests on one worker, so its module fixtures (the rendered docs, a trained FSDP run) run once
-python -m pytest tests "${selection[@]}" -n "$jobs" --dist loadfile -q -rfE --durations=15 2>&1 | tee "$logs/pytest.log"
+python -m pytest tests "${selection[@]}" -n "$jobs" --dist loadfile --no-loadscope-reorder -q -rfE --durations=15 2>&1 | tee "$logs/pytest.log"
 rc=${PIPESTATUS[0]}
 case "$rc" in
   0) ;;
