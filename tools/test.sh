@@ -113,16 +113,17 @@ fi
 # PYTHONDONTWRITEBYTECODE is set (CI, some containers) each would compile its 14,000 lines again (0.2-0.3 s each).
 python -m compileall -q nbtrainer >/dev/null || failures+=("python -m compileall nbtrainer failed")
 
-# One process per notebook: notebooks re-run the cells that attach methods to shared classes (Learner.fit_async, ...),
-# and nbdev-test's worker pool would carry one notebook's definitions into the next.
+# The notebooks as nbdev-test runs them, each in a process of its own (notebooks re-run the cells that attach methods to
+# shared classes: a worker pool would carry one notebook's definitions into the next), forked from one that imported
+# torch and nbdev once (tools/test_notebooks.py)
 if $quick; then notebooks=$(ls nbs/00*.ipynb); else notebooks=$(find nbs -type f -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*' | sort); fi
-stage "notebooks (nbdev-test, $jobs at a time, each in a fresh process)"
-echo "$notebooks" | xargs -P "$jobs" -I{} sh -c '
-  log="$0/$(echo "{}" | tr / _).log"; start=$(date +%s)
-  if nbdev-test "{}" >"$log" 2>&1; then echo "ok   {} ($(( $(date +%s) - start )) s)"
-  else echo "FAIL {} ($(( $(date +%s) - start )) s)"; cat "$log"; echo "{}" >>"$0/failed-notebooks"; fi' "$logs"
-if [ -f "$logs/failed-notebooks" ]; then
-  while read -r nb; do failures+=("notebook $nb (run: nbdev-test $nb)"); done <"$logs/failed-notebooks"
+stage "notebooks (nbdev's test_nb, $jobs at a time, each in a process of its own)"
+# shellcheck disable=SC2086 - one path per word
+python tools/test_notebooks.py -j "$jobs" $notebooks | tee "$logs/notebooks.log"
+if [ "${PIPESTATUS[0]}" != 0 ]; then
+  mapfile -t failed < <(sed -n 's/^failed: //p' "$logs/notebooks.log")
+  [ "${#failed[@]}" -gt 0 ] || failed=("the notebook runner failed (python tools/test_notebooks.py)")
+  failures+=("${failed[@]/#/notebook }")
 fi
 
 stage "tests/ (pytest)"
