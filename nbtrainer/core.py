@@ -8,7 +8,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/core.html.md"""
 __all__ = ['HOOKS', 'patch_to', 'fills', 'Learner']
 
 # %% ../nbs/00_core.ipynb #3597a7bf
-import contextlib, math, threading, warnings
+import contextlib, math, threading
 
 import torch
 import torch.nn.functional as F
@@ -219,12 +219,6 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
         "Backpropagate `learn.loss_grad` (through the fp16 loss scaler when there is one)."
         self.precision.scale(self.loss_grad).backward()
 
-    def __init_subclass__(cls, **kwargs):  # a subclass's opt_step, the old name of update_weights, is still called
-        super().__init_subclass__(**kwargs)
-        if 'opt_step' in vars(cls) and 'update_weights' not in vars(cls):
-            warnings.warn(f'{cls.__name__}.opt_step: override update_weights (its new name)', DeprecationWarning, 2)
-            cls.update_weights = cls.opt_step
-
     def update_weights(self):
         "The optimizer updates the weights (through the fp16 scaler, which skips an update of gradients not finite)."
         self.precision.update_weights(self.opt)
@@ -311,10 +305,10 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
             progress.next_epoch()
         with progress.after_last_epoch():  # an evaluation after the epochs ran: labelled with the last
             if progress.eval_every and progress.step != progress.last_eval_step:
-                self._evaluate()
+                self._fit_evaluation()
             row = self.eval_row  # a subset fit evaluates the full set once, at the end, unless that row has it
             if self.eval_prefix and not (row and row.get('step') == self.step and 'valid_loss' in row):
-                self._evaluate(full=True)
+                self._fit_evaluation(full=True)
 
     def _epoch(self):
         "An epoch: its training phase, then its evaluation unless the fit evaluates every `eval_every` steps."
@@ -330,7 +324,7 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
         if not self.progress.steps_per_epoch:
             self.data_pass.end()  # the next epoch starts a pass of its own
         if not self.progress.eval_every:
-            self._evaluate()
+            self._fit_evaluation()
 
     def _train(self):
         "The training phase: batches from the pass under way (or new passes) until this epoch's last step."
@@ -346,12 +340,12 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
             data.end()  # an epoch is a pass of its own
         while progress.step < end:
             if not data.under_way and data.start(progress.epoch) and progress.eval_due():
-                self._evaluate()  # resumed where one was due
+                self._fit_evaluation()  # resumed where one was due
             for self.iter, batch in data.batches:
                 data.batches_done = self.iter + 1  # taken from the loader, as a checkpoint in after_batch must know
                 self._one_batch(batch)
                 if progress.eval_every and progress.eval_due():
-                    self._evaluate()  # by default, at the epoch's end
+                    self._fit_evaluation()  # by default, at the epoch's end
                 if progress.step >= end:
                     break
             else:  # the pass ran out
@@ -465,7 +459,7 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
         preds, targets = as_float32(torch.cat(preds).cpu()), (torch.cat(targets).cpu() if targets else None)
         return self.strategy.gather_rows(preds), self.strategy.gather_rows(targets)  # DDP: every rank's, in order
 
-    def _evaluate(self, full=False):
+    def _fit_evaluation(self, full=False):
         "One of the fit's evaluations (`learn.evaluating`): validate each set, add a history row, fire `after_eval`."
         validation, values = self.validation, {}
         self.progress.last_eval_step, validation.evaluating = self.step, True
