@@ -25,9 +25,22 @@ CHROMIUM_ARGS = [
     '--disable-sync',
 ]
 
+from nbtrainer.callback import Callback  # noqa: E402 - after OMP_NUM_THREADS, which torch reads at import
+
 # jsonschema (which nbformat imports) builds an Earley parser for IRIs at import when the optional rfc3987-syntax is
 # installed: 1 to 4 s in every pytest process, for a string format nbformat never checks. Without it, no IRI checker.
 sys.modules.setdefault('rfc3987_syntax', None)
+
+
+class EndAt(Callback):
+    "A callback that raises `error` after the training batch that makes step `step`: a fit ended there, on purpose."
+
+    def __init__(self, step, error):
+        self.step, self.error = step, error
+
+    def after_batch(self):
+        if self.learn.training and self.learn.step == self.step:
+            raise self.error
 
 
 @pytest.fixture(autouse=True)

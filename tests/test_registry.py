@@ -7,20 +7,11 @@ import subprocess, warnings
 
 import pytest
 
-from conftest import BIN
-from nbtrainer import Callback, Checkpointer, Tracker, runs
+from conftest import BIN, EndAt
+from nbtrainer import Checkpointer, Tracker, runs
 from nbtrainer.experiments import merge
 from nbtrainer.registry import connect, database_errors, location, transaction
 from nbtrainer.testing import raises, same_history, synth_learner
-
-
-class EndAt(Callback):
-    def __init__(self, step, error):
-        self.step, self.error = step, error
-
-    def after_batch(self):
-        if self.learn.training and self.learn.step == self.step:
-            raise self.error
 
 
 def test_a_fit_is_a_run_with_the_learners_history(registry):

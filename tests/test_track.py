@@ -7,8 +7,8 @@ import importlib.util, json, os, signal, socket, subprocess, sys, urllib.request
 import pytest
 import torch.distributed as dist
 
-from conftest import BIN, ROOT
-from nbtrainer import Callback, CancelFitException, MLflowLogger, Tracker, launch, runs
+from conftest import BIN, ROOT, EndAt
+from nbtrainer import CancelFitException, MLflowLogger, Tracker, launch, runs
 from nbtrainer.testing import same_history, synth_learner, wait_for
 
 WORKER = [sys.executable, str(ROOT / 'tests' / 'track_worker.py')]
@@ -22,15 +22,6 @@ def finish(proc, timeout=300):
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, err[-3000:]
     return err
-
-
-class EndAt(Callback):
-    def __init__(self, step, error):
-        self.step, self.error = step, error
-
-    def after_batch(self):
-        if self.learn.training and self.learn.step == self.step:
-            raise self.error
 
 
 @pytest.mark.slow  # a worker process killed mid-fit
