@@ -59,7 +59,7 @@ from nbtrainer.metrics import (
 from .layers import GhostBatchNorm
 from .precision import MixedPrecision
 from .recorder import Recorder, SkipNonFinite, monitored_value
-from .parts import SingleProcess
+from .strategy import SingleProcess
 from .core import Learner
 from .progress import ProgressCallback, ProgressLog
 from .plotting import plot_history

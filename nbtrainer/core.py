@@ -27,19 +27,11 @@ from nbtrainer.callback import (
 from .checks import check_arguments, check_loss
 from .data import as_float32, check_fit_loaders, check_loader, plain_model, resolve_device
 from .metrics import default_metrics, make_metrics, metric_name
-from nbtrainer.parts import (
-    Accumulation,
-    FitProgress,
-    FitState,
-    PartNames,
-    TrainPass,
-    Validation,
-    build_optimizer,
-    check_plan,
-    make_strategy,
-    param_groups_for,
-    set_lrs,
-)
+from .accumulation import Accumulation
+from .fit_progress import FitProgress, TrainPass, check_plan
+from .param_groups import build_optimizer, param_groups_for, set_lrs
+from .parts import FitState, PartNames, Validation
+from .strategy import make_strategy
 from .precision import MixedPrecision
 from .recorder import Recorder, SkipNonFinite
 from .rng import preserve_rng, reproducibility

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Ra
 from .callback import CancelFitException, NonFiniteLossError
 from .data import batch_size
 from .metrics import state_leaves
-from .parts import SingleProcess
+from .strategy import SingleProcess
 
 # %% ../nbs/15_distributed.ipynb #34a93be5
 DEFAULT_TIMEOUT = float(os.environ.get('NBTRAINER_DIST_TIMEOUT', 300))  # seconds a collective may wait for a peer

@@ -15,7 +15,7 @@ import torch
 from .callback import Callback
 from .checks import hyperparameter
 from .core import Learner, patch_to
-from .parts import plain_argument
+from .fit_progress import plain_argument
 from .recorder import check_monitor, monitored_value
 
 # %% ../nbs/12_schedule.ipynb #2015c872
