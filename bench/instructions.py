@@ -52,7 +52,7 @@ def dashboard_fit(learn, step_ms):
             pass
 
     dashboard = Dashboard()
-    dashboard._carry = ([{'status': Sink(), 'figure': Sink()}], [], None)  # shown, as in a notebook
+    dashboard.carry = ([{'status': Sink(), 'figure': Sink()}], [], None)  # shown, as in a notebook
     learn.add_cbs([Ticks(), dashboard])
     with use_clock(fake):
         learn.fit(1)

@@ -16,6 +16,7 @@ from .callback import Callback, Order, dispatch_tables
 from .checks import hyperparameter
 from .control import Controls
 from .core import Learner, fills, patch_to
+from .dashboard_controls import ControlPanel, Forks, describe_requests
 from .liveplot import LivePlot
 from nbtrainer.progress import (
     ProgressCallback,
@@ -23,16 +24,65 @@ from nbtrainer.progress import (
     brief_traceback,
     current_kernel,
     describe_ending,
-    display_widget,
     format_header,
     format_row,
     in_jupyter,
     to_terminal,
-    widget_bundle,
 )
 from .render import DISPLAY_DPI, FIGURE_SIZE, Renderer
 
 # %% ../nbs/17_dashboard.ipynb #1fe5608f
+_HINT = (
+    'Stop, Pause, Save and a new LR come with <code>learn.fit_async(...)</code>: a plain <code>fit</code> '
+    'keeps the kernel busy until it ends. To stop this fit, interrupt the kernel.'
+)
+_HTML_HINT = (
+    'Controls, from any cell while the fit runs in the background: <code>learn.controls.pause()</code>, '
+    '<code>.resume()</code>, <code>.set_lr(lr)</code>, <code>.save()</code>, <code>.stop()</code>'
+)
+_EMPTY = {'text/plain': ''}  # an output emptied: it takes no room, and a saved notebook keeps nothing of it
+_FIGURE_PX = tuple(round(v * DISPLAY_DPI) for v in FIGURE_SIZE)  # the figure's CSS size: its space, kept from the start
+_CELL = 'padding:1px 6px;text-align:right;white-space:nowrap;font-weight:normal;overflow:hidden'
+_ROW_PX, _BOX_PX = 21, 320  # a table row's height (18 px line, 2 px padding, 1 px border); the summary table's box
+_TABLE = (
+    'border-collapse:collapse;table-layout:fixed;font-size:12px;line-height:18px;'
+    'font-variant-numeric:tabular-nums;margin:0'
+)
+_STICKY = 'position:sticky;top:0;background:var(--jp-layout-color1,white)'  # the summary's header, over scrolled rows
+_LINE = 'margin:2px 0;font-size:13px;line-height:18px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis'
+_BAR_LINE = 'display:flex;align-items:center;height:20px;font-size:12px;white-space:nowrap;overflow:hidden'
+_STYLE = (
+    '<style>.nbtrainer-actions .widget-toggle-button:first-child:not(:disabled)'
+    '{background:var(--jp-error-color1,#d32f2f);color:white}'
+    '.nbtrainer-fork .widget-toggle-button{border:1px dashed var(--jp-brand-color1,#1976d2);'
+    'color:var(--jp-brand-color1,#1976d2);background:transparent}</style>'
+)  # Stop in red; the fork choices outlined in the brand colour, apart from the fit's own buttons
+
+# %% ../nbs/17_dashboard.ipynb #4dea96df
+def _bar_html(desc, bar):
+    "A progress bar as HTML: its name, a meter (when the total is known) and tqdm's counts, times and postfix."
+    from tqdm import tqdm
+
+    counts = bar.format_dict
+    total = counts['total']
+    form = (
+        '{percentage:3.0f}% {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]'
+        if total
+        else '{n_fmt} [{elapsed}, {rate_fmt}{postfix}]'
+    )
+    text = tqdm.format_meter(**{**counts, 'bar_format': form})
+    meter = (
+        f'<progress max="{total}" value="{min(counts["n"], total)}" style="width:240px;height:12px;margin:0 8px">'
+        '</progress>'
+        if total
+        else '<span style="width:8px"></span>'
+    )
+    return (
+        f'<div style="{_BAR_LINE}"><span style="display:inline-block;width:40px">{html.escape(desc)}</span>'
+        f'{meter}<span>{html.escape(text)}</span></div>'
+    )
+
+
 class _Bars(ProgressCallback):
     "ProgressCallback's counts, drawn by the dashboard as HTML: their refresh is its tick; rows go to its table."
 
@@ -71,6 +121,12 @@ class _Bars(ProgressCallback):
             if bar is not None
         ]
 
+    def html(self):
+        "The bars on show, in lines kept from the start (a validation bar's too, when there is validation)."
+        n_bars = 3 if self.learn.valid_dl is not None else 2
+        bars = ''.join(_bar_html(desc, bar) for desc, bar in self.shown())
+        return f'<div class="nbtrainer-bars" style="min-height:{n_bars * 20}px">{bars}</div>'
+
     def after_train(self):
         self._show()
         self._spares['train'], self.batch_bar = self.batch_bar, None  # it stays, counting again at the next phase
@@ -104,52 +160,86 @@ class _Nowhere:
     def flush(self):
         pass
 
+# %% ../nbs/17_dashboard.ipynb #11b22e6b
+class _Status:
+    "The status output: the runs forked from, the bars, the status line (step, lr, requests' feedback) and its notes."
+
+    def __init__(self):
+        self.text, self.note, self.sent = '', '', None  # the line, a note under it, the bundle last sent
+
+    def read(self, learn):
+        "The line as the fit stands: the step (of those planned), the base lr, and what `learn.status` posts."
+        planned = f' of {learn.fit_start[1] + learn.n_steps}' if learn.n_steps else ''
+        lr = '' if 'lr' in learn.status else f' · lr {learn.opt.param_groups[-1]["lr"]:.3g}'  # the base lr
+        extras = ''.join(f' · {k} {v}' for k, v in learn.status.items())
+        self.text = f'step {learn.step}{planned}{lr}{extras}'
+
+    def bundle(self, bars, head, ancestors=(), hint='', figure_note=''):
+        "The output as HTML and text: the `ancestors`' summaries, the `bars`, `head` and the line, a hint and notes."
+        notes = [f'<i>{hint}</i>' if hint else '', self.note, html.escape(figure_note)]
+        notes = ''.join(f'<div style="{_LINE};font-size:12px">{note}</div>' for note in notes if note)
+        status = self.text or 'starting'
+        page = (
+            f'{_STYLE}<div class="nbtrainer-live">{"".join(h for h, _ in ancestors)}{bars}'
+            f'<div style="{_LINE}"><b class="nbtrainer-head">{head}:</b> '
+            f'<span class="nbtrainer-status">{html.escape(status)}</span></div>'
+            f'{notes}</div>'
+        )
+        return {'text/html': page, 'text/plain': '\n'.join([*(t for _, t in ancestors), f'{head}: {status}'])}
+
+    def changed(self, bundle):
+        "Is `bundle` new? Then it is the one last sent."
+        if bundle == self.sent:
+            return False
+        self.sent = bundle
+        return True
+
+# %% ../nbs/17_dashboard.ipynb #dc8db50b
+def _figure_html(png, step=None):
+    "The live figure: a frame as an image, with the last step it draws; before the first frame, its space."
+    width, height = _FIGURE_PX
+    if png is None:
+        return f'<div style="width:{width}px;height:{height}px"></div>'
+    step = f' data-step="{step}"' if step is not None else ''  # none: the layout frame
+    return (
+        f'<img class="nbtrainer-figure"{step} width="{width}" height="{height}" '
+        f'style="width:{width}px;max-width:100%;height:auto" '
+        f'src="data:image/png;base64,{base64.b64encode(png).decode()}"/>'
+    )
+
+
+def _summary_figure(png):
+    "The final frame in the summary, if there is one."
+    width = _FIGURE_PX[0]
+    if not png:
+        return ''
+    return (
+        f'<img style="width:{width}px;max-width:100%" width="{width}" '
+        f'src="data:image/png;base64,{base64.b64encode(png).decode()}"/>'
+    )
+
 
 class _Plot(LivePlot):
     "LivePlot whose frames go to the dashboard's figure (and to `path`, if given)."
 
     def __init__(self, dashboard, **kwargs):
         super().__init__(**kwargs)
-        self.dashboard = dashboard
+        self.dashboard, self.frame = dashboard, (None, None)  # the frame shown, and the last step it draws
 
     def _outputs(self):
         return False, (Path(self.path) if self.path is not None else None)  # the dashboard, not inline
 
     def show(self, png, step=None, final=False):
-        self.dashboard._show_frame(png, step, final)
+        self.frame = png, step
+        if not final:  # the final frame is the summary's
+            self.dashboard._update('figure')
         super().show(png, step, final)
 
-# %% ../nbs/17_dashboard.ipynb #4dea96df
-_HINT = (
-    'Stop, Pause, Save and a new LR come with <code>learn.fit_async(...)</code>: a plain <code>fit</code> '
-    'keeps the kernel busy until it ends. To stop this fit, interrupt the kernel.'
-)
-_HTML_HINT = (
-    'Controls, from any cell while the fit runs in the background: <code>learn.controls.pause()</code>, '
-    '<code>.resume()</code>, <code>.set_lr(lr)</code>, <code>.save()</code>, <code>.stop()</code>'
-)
-_CONTROLS_TEXT = (
-    'Controls of the running fit: Stop, Pause, Save, LR. Without widgets, from any cell: '
-    'learn.controls.stop(), .pause(), .resume(), .set_lr(lr), .save()'
-)
-_EMPTY = {'text/plain': ''}  # an output emptied: it takes no room, and a saved notebook keeps nothing of it
-_FIGURE_PX = tuple(round(v * DISPLAY_DPI) for v in FIGURE_SIZE)  # the figure's CSS size: its space, kept from the start
-_CELL = 'padding:1px 6px;text-align:right;white-space:nowrap;font-weight:normal;overflow:hidden'
-_ROW_PX, _BOX_PX = 21, 320  # a table row's height (18 px line, 2 px padding, 1 px border); the summary table's box
-_TABLE = (
-    'border-collapse:collapse;table-layout:fixed;font-size:12px;line-height:18px;'
-    'font-variant-numeric:tabular-nums;margin:0'
-)
-_STICKY = 'position:sticky;top:0;background:var(--jp-layout-color1,white)'  # the summary's header, over scrolled rows
-_LINE = 'margin:2px 0;font-size:13px;line-height:18px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis'
-_STYLE = (
-    '<style>.nbtrainer-actions .widget-toggle-button:first-child:not(:disabled)'
-    '{background:var(--jp-error-color1,#d32f2f);color:white}'
-    '.nbtrainer-fork .widget-toggle-button{border:1px dashed var(--jp-brand-color1,#1976d2);'
-    'color:var(--jp-brand-color1,#1976d2);background:transparent}</style>'
-)  # Stop in red; the fork choices outlined in the brand colour, apart from the fit's own buttons
+    def note(self):
+        "What went wrong drawing the figure, if anything: said once, where the figure is missed; the fit goes on."
+        return f'The figure could not be drawn: {self.error}' if self.error else ''
 
-
+# %% ../nbs/17_dashboard.ipynb #393236f1
 def _cell_width(key):
     return 7 * (max(len(key), 7) + 2)  # px: 7 a character, a column's name or a number
 
@@ -179,98 +269,47 @@ def _table_html(rows, keys=None, sticky=False):
     )
 
 
-def _summary_table(rows):
-    "Every row, in a box that scrolls when they are many, with a line that says so (a box hides its rows silently)."
-    shown = _BOX_PX // _ROW_PX - 1  # the rows the box shows below its header
-    more = (
-        f'<div style="font-size:11px;opacity:.75">{len(rows)} evaluations, {shown} in view: scroll the table for '
-        'the others</div>'
-        if len(rows) > shown
-        else ''
-    )
-    box = f'<div style="max-height:{_BOX_PX}px;overflow-y:auto">{_table_html(rows, sticky=True)}</div>'
-    return f'<div>{box}{more}</div>'
+class _Table:
+    "The fit's evaluations: the live view's last `size` rows (the same bytes however long the fit), the summary's all."
 
-# %% ../nbs/17_dashboard.ipynb #11b22e6b
-_BAR_LINE = 'display:flex;align-items:center;height:20px;font-size:12px;white-space:nowrap;overflow:hidden'
+    def __init__(self, size):
+        self.size, self.rows, self.keys = size, [], []  # the columns in the order they came
 
+    def add(self, row):
+        self.rows.append(row)
+        self.keys = list(dict.fromkeys([*self.keys, *row]))
 
-def _bar_html(desc, bar):
-    "A progress bar as HTML: its name, a meter (when the total is known) and tqdm's counts, times and postfix."
-    from tqdm import tqdm
+    def shown(self):
+        "The rows the live view shows."
+        return self.rows[-self.size :]
 
-    counts = bar.format_dict
-    total = counts['total']
-    form = (
-        '{percentage:3.0f}% {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]'
-        if total
-        else '{n_fmt} [{elapsed}, {rate_fmt}{postfix}]'
-    )
-    text = tqdm.format_meter(**{**counts, 'bar_format': form})
-    meter = (
-        f'<progress max="{total}" value="{min(counts["n"], total)}" style="width:240px;height:12px;margin:0 8px">'
-        '</progress>'
-        if total
-        else '<span style="width:8px"></span>'
-    )
-    return (
-        f'<div style="{_BAR_LINE}"><span style="display:inline-block;width:40px">{html.escape(desc)}</span>'
-        f'{meter}<span>{html.escape(text)}</span></div>'
-    )
+    def live(self, learn):
+        "The rows shown, in a space kept from the start for the columns a fit's rows usually have: HTML, text lines."
+        rows, keys = self.shown(), self.keys
+        usual = ['epoch', 'step', 'train_loss', *(learn.validation_names() if learn.valid_dl is not None else [])]
+        width = sum(_cell_width(k) for k in [*usual, 'lr', 'time'])
+        space = f'min-width:{width}px;min-height:{(self.size + 1) * _ROW_PX}px'
+        page = f'<div style="{space}">{_table_html(rows, keys) if rows else ""}</div>'
+        return page, ([format_header(keys), *(format_row(r, keys) for r in rows)] if rows else [])
 
-# %% ../nbs/17_dashboard.ipynb #dc8db50b
-def _comm_handled_concurrently():
-    "Is this comm message being handled while a cell awaits? ipykernel 7 then runs it beside the cell, with no status."
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == 'dispatch_shell':
-            return frame.f_locals.get('concurrent') is True
-        frame = frame.f_back
-    return False
+    def summary(self):
+        "Every row, in a box that scrolls when they are many, with a line that says so (a box hides its rows silently)."
+        if not self.rows:
+            return ''
+        shown = _BOX_PX // _ROW_PX - 1  # the rows the box shows below its header
+        more = (
+            f'<div style="font-size:11px;opacity:.75">{len(self.rows)} evaluations, {shown} in view: scroll the '
+            'table for the others</div>'
+            if len(self.rows) > shown
+            else ''
+        )
+        box = f'<div style="max-height:{_BOX_PX}px;overflow-y:auto">{_table_html(self.rows, sticky=True)}</div>'
+        return f'<div>{box}{more}</div>'
 
-
-def _ack_concurrent_update():
-    """Send the idle status a value update handled beside an awaiting cell lacks. The front end's widget model sends one
-    update at a time and holds the next until the last one's idle status arrives: without it, only a field's first edit
-    (or a toggle's first click) during `await learn.fit_async(...)` would ever reach the kernel."""
-    kernel = current_kernel()
-    if kernel is not None and _comm_handled_concurrently():
-        kernel._publish_status('idle', 'shell')
-
-
-def _edited(widget_class, **kwargs):
-    "A `widget_class` widget whose every edit reaches the kernel, a cell awaiting or not (`_ack_concurrent_update`)."
-
-    class Edited(widget_class):
-        def _handle_msg(self, msg):
-            try:
-                super()._handle_msg(msg)
-            finally:
-                _ack_concurrent_update()
-
-    return Edited(**kwargs)
-
-# %% ../nbs/17_dashboard.ipynb #393236f1
-def _blank(box):
-    """Empty what a controls widget's views show (its buttons, its labels): a widget view taken off the page keeps the
-    DOM it last showed, so views are emptied before they leave."""
-    for toggle in (box.actions, box.forks):
-        if toggle is not None:
-            toggle.options, toggle.description = (), ''
-    box.lr.description = ''
-    if box.forks is not None:
-        box.fork_label.value = ''
-
-
-def _describe_request(step, action, value):
-    "One entry of `Controls.log` in words."
-    if action == 'lr':
-        return f'lr {value:.3g} from step {step}'
-    if action == 'save':
-        return f'saved {Path(value).name} at step {step}' if value else f'no checkpoint at step {step}'
-    if action == 'stop':
-        return f'{value} at step {step}'
-    return f'{action}d at step {step}'  # paused, resumed
+    def text(self):
+        "Every row as the console prints them, under a header."
+        keys = list(dict.fromkeys(k for row in self.rows for k in row))
+        return [*([format_header(keys)] if keys else []), *(format_row(r, keys) for r in self.rows)]
 
 # %% ../nbs/17_dashboard.ipynb #9ab94ca1
 def _again_from_the_running_cell(send):
@@ -319,12 +358,11 @@ class Dashboard(Callback):
         self.parts = [p for p in (self.bars, self.plot) if p is not None]
         self._tables = dispatch_tables(self.parts)  # built once, as the Learner's own dispatch, for both phases
         self.refresh, self.table_rows = refresh, table_rows
-        self.views, self.boxes, self.rows, self.summary, self.static, self.built = [], [], [], None, None, False
-        self.png = self.png_step = None  # the figure shown, and the last step it draws
-        self.status_text = ''
+        self.table, self.status, self.panel = _Table(table_rows), _Status(), ControlPanel(None, None, None)
+        self.views, self.summary, self.static, self.built = [], None, None, False
         self.ancestors = []  # the static summaries of the runs this fit was forked from, in this output: oldest first
-        self._carry = self._fork_request = None  # a fork asked from this dashboard, and what the branch takes over
-        self._forked = None  # (step, lr, the branch's run) when this fit ended in a fork
+        self.forks = Forks(self)
+        self.carry = None  # what a branch of this fit takes over: its views, the runs above it, the parent's curves
         self._lock = threading.RLock()  # the views' updates, from the training, rendering and main threads
         self._shown_in = set()  # the cells that show it already (cells queued behind an awaited fit)
 
@@ -335,62 +373,26 @@ class Dashboard(Callback):
     # ---- what the views show ----
     def _status_bundle(self):
         "The runs this one was forked from, the bars, the status line, and a hint or a note: HTML and text."
-        learn = self.learn
-        n_bars = 3 if learn.valid_dl is not None else 2  # their lines kept from the start
-        bars = ''.join(_bar_html(desc, bar) for desc, bar in self.bars.shown())
         hint = '' if self.live and self.widgets else _HTML_HINT if self.live else _HINT
-        notes = [f'<i>{hint}</i>' if hint else '', self._note, html.escape(self._figure_note())]
-        notes = ''.join(f'<div style="{_LINE};font-size:12px">{note}</div>' for note in notes if note)
-        status = self.status_text or 'starting'
         paused = self.controls is not None and self.controls.paused
-        head = f'Paused at step {learn.step}' if paused else 'Fit running'
-        page = (
-            f'{_STYLE}<div class="nbtrainer-live">{"".join(h for h, _ in self.ancestors)}'
-            f'<div class="nbtrainer-bars" style="min-height:{n_bars * 20}px">{bars}</div>'
-            f'<div style="{_LINE}"><b class="nbtrainer-head">{head}:</b> '
-            f'<span class="nbtrainer-status">{html.escape(status)}</span></div>'
-            f'{notes}</div>'
-        )
-        return {'text/html': page, 'text/plain': '\n'.join([*(t for _, t in self.ancestors), f'{head}: {status}'])}
+        head = f'Paused at step {self.learn.step}' if paused else 'Fit running'
+        return self.status.bundle(self.bars.html(), head, self.ancestors, hint, self._figure_note())
 
     def _figure_note(self):
-        "What went wrong drawing the figure, if anything: said once, where the figure is missed; the fit goes on."
-        error = self.plot.error if self.plot is not None else None
-        return f'The figure could not be drawn: {error}' if error else ''
+        return self.plot.note() if self.plot is not None else ''
+
+    def _frame(self):
+        return self.plot.frame if self.plot is not None else (None, None)
 
     def _figure_bundle(self):
         "The live figure (its space kept until the first frame) beside the last `table_rows` evaluations."
-        width, height = _FIGURE_PX
-        step = f' data-step="{self.png_step}"' if self.png_step is not None else ''  # none: the layout frame
-        if self.png is None:
-            figure = f'<div style="width:{width}px;height:{height}px"></div>'
-        else:
-            figure = (
-                f'<img class="nbtrainer-figure"{step} width="{width}" height="{height}" '
-                f'style="width:{width}px;max-width:100%;height:auto" '
-                f'src="data:image/png;base64,{base64.b64encode(self.png).decode()}"/>'
-            )
-        rows = self.rows[-self.table_rows :]
-        space = f'min-width:{self._table_width()}px;min-height:{(self.table_rows + 1) * _ROW_PX}px'
+        png, step = self._frame()
+        table, text = self.table.live(self.learn)
         page = (
             f'<div class="nbtrainer-view" style="display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start">'
-            f'{figure}<div style="{space}">{_table_html(rows, self._keys) if rows else ""}</div></div>'
+            f'{_figure_html(png, step)}{table}</div>'
         )
-        text = [format_header(self._keys), *(format_row(r, self._keys) for r in rows)] if rows else []
-        return {'text/html': page, 'text/plain': '\n'.join([f'Live figure at step {self.png_step}', *text])}
-
-    def _table_width(self):
-        "The table's width (px) with the columns a fit's rows usually have: it takes its place before the first row."
-        learn = self.learn
-        keys = [
-            'epoch',
-            'step',
-            'train_loss',
-            *(learn.validation_names() if learn.valid_dl is not None else []),
-            'lr',
-            'time',
-        ]
-        return sum(_cell_width(k) for k in keys)
+        return {'text/html': page, 'text/plain': '\n'.join([f'Live figure at step {step}', *text])}
 
     def _display(self, box=None):
         "Show the dashboard in the current output: status and bars, the controls (a live fit's), the figure and table."
@@ -398,8 +400,8 @@ class Dashboard(Callback):
 
         view = {'status': display(self._status_bundle(), raw=True, display_id=True)}
         if self.widgets and self.live:
-            view['box'] = box = box or self._new_controls()
-            view['controls'] = display(widget_bundle(box, _CONTROLS_TEXT), raw=True, display_id=True)
+            view['box'] = box = box or self.panel.new_box(self.learn.lr)
+            view['controls'] = display(self.panel.bundle(box), raw=True, display_id=True)
         view['figure'] = display(self._figure_bundle(), raw=True, display_id=True)
         return view
 
@@ -407,8 +409,8 @@ class Dashboard(Callback):
         "A view carried over from the fit this branch was forked from: its outputs show this fit now."
         view['status'].update(self._status_bundle(), raw=True)
         if 'controls' in view and self.widgets and self.live:
-            view['box'] = box = box or self._new_controls()
-            view['controls'].update(widget_bundle(box, _CONTROLS_TEXT), raw=True)
+            view['box'] = box = box or self.panel.new_box(self.learn.lr)
+            view['controls'].update(self.panel.bundle(box), raw=True)
         view['figure'].update(self._figure_bundle(), raw=True)
 
     def _update(self, part):
@@ -417,138 +419,41 @@ class Dashboard(Callback):
             if self.summary is not None or not self.views:
                 return  # ended: the summary stays
             bundle = self._status_bundle() if part == 'status' else self._figure_bundle()
-            if part == 'status':
-                if bundle == self._last_status:
-                    return
-                self._last_status = bundle
+            if part == 'status' and not self.status.changed(bundle):
+                return
             for view in self.views:
                 view[part].update(bundle, raw=True)
 
-    # ---- the controls: one widget of three buttons, and the LR field ----
-    def _new_controls(self):
-        "Stop, Pause and Save as one `ToggleButtons` (one view in the browser, reset after a click), and the LR field."
-        import ipywidgets as W
-
-        actions = _edited(
-            W.ToggleButtons,
-            options=self._actions(),
-            index=None,
-            tooltips=[
-                'end the fit after this batch',
-                'hold at the next step (Resume goes on)',
-                'write a checkpoint at the next step (at once while paused)',
-            ],
-            style={'button_width': '84px'},
-        )
-        lr = _edited(
-            W.FloatText,
-            value=self.learn.lr,
-            description='LR',
-            continuous_update=False,
-            tooltip='Enter (or leaving the field) applies it from the next step',
-            layout=W.Layout(width='170px'),
-        )
-        box = W.HBox([actions, lr], layout=W.Layout(align_items='center', flex_flow='row wrap'))
-        box.add_class('nbtrainer-controls')
-        actions.add_class('nbtrainer-actions')  # Stop in red: the first of these, not of the fork choices
-        box.actions, box.lr, box.forks = actions, lr, None
-        actions.observe(lambda change: self._on_action(change['new'], actions), names='value')
-        lr.observe(self._on_lr, names='value')
-        self.boxes.append(box)
-        return box
-
-    def _actions(self):
-        pause = 'Resume' if self.controls.paused else 'Pause'
-        return [('Stopping' if self._stopping else 'Stop', 'stop'), (pause, 'pause'), ('Save', 'save')]
+    # ---- the controls ----
+    def press(self, action):
+        "What a click does, from code: 'stop', 'pause' (Pause, or Resume while paused), 'save', or a step to fork at."
+        if not self.panel.boxes:
+            raise ValueError('this fit has no controls: they come with learn.fit_async(...) and widgets')
+        with self._lock:  # from any thread: never while the training thread is changing the buttons (the fork choices)
+            self.panel.press(action)
 
     def _sync_controls(self):
         "The buttons' labels as the fit stands (Resume while paused, Stopping after a stop); the fork choices."
         with self._lock:
-            for box in self.boxes:
-                box.actions.options = self._actions()
-                box.actions.disabled = self._stopping
-                self._sync_forks(box)
+            self.panel.sync(self.forks.choices(self.controls.paused, self.table.shown()))
 
-    def _fork_choices(self):
-        "While paused: the steps of the shown evaluations whose state is kept, to fork from."
-        if not (self.can_fork and self.controls.paused and self._fork_request is None):
-            return []
-        kept = set(self.learn.fork_steps())
-        return [r['step'] for r in self.rows[-self.table_rows :] if r['step'] in kept]
-
-    def _sync_forks(self, box):
-        "A 'fork at' choice beside the controls while paused (one more view, made at the first pause), else hidden."
-        import ipywidgets as W
-
-        steps = self._fork_choices()
-        if box.forks is None and steps:
-            box.forks = _edited(W.ToggleButtons, options=[], index=None, style={'button_width': '64px'})
-            box.forks.add_class('nbtrainer-fork')
-            box.forks.observe(lambda change: self._on_fork_choice(change['new'], box), names='value')
-            box.fork_label = W.Label('fork at', layout=W.Layout(margin='0 6px 0 16px'))  # beside its buttons
-            box.fork_label.add_class('nbtrainer-fork-label')
-            box.fork_row = W.HBox([box.fork_label, box.forks], layout=W.Layout(align_items='center'))
-            box.children = [*box.children, box.fork_row]
-        if box.forks is None:
-            return
-        box.forks.options = [(str(step), step) for step in steps]
-        box.forks.tooltips = [f"back to the evaluation of step {step}, on with the LR field's lr" for step in steps]
-        box.fork_row.layout.display = '' if steps else 'none'
-
-    def press(self, action):
-        "What a click does, from code: 'stop', 'pause' (Pause, or Resume while paused), 'save', or a step to fork at."
-        if not self.boxes:
-            raise ValueError('this fit has no controls: they come with learn.fit_async(...) and widgets')
-        with self._lock:  # from any thread: never while the training thread is changing the buttons (the fork choices)
-            box = self.boxes[0]
-            if isinstance(action, str):
-                box.actions.value = action  # as the front end sets it
-            else:
-                box.forks.value = action
-
-    # ---- control handlers: main thread, they only set flags on the Controls ----
-    def _on_action(self, action, toggle):
-        if action is None:
-            return
-        toggle.index = None  # buttons, not a choice: ready for the next click
-        if action == 'stop':
-            self.controls.stop('Stop button clicked')
-        elif action == 'save':
-            self.controls.save()
-        elif self.controls.paused:
-            self.controls.resume()
-        else:
-            self.controls.pause()
-
-    def _on_lr(self, change):
-        try:
-            self.controls.set_lr(change['new'])
-            self._note = ''
-        except ValueError as e:
-            self._note = f'<b>{html.escape(str(e))}</b>'
+    def _note(self, note):
+        "A note under the status line (a bad lr typed), shown at once."
+        self.status.note = note
         self._update('status')
-
-    def _on_fork_choice(self, step, box):
-        if step is None:
-            return
-        box.forks.index = None
-        self._on_fork(step, box.lr.value)
 
     def _on_fork(self, step, lr):
         "End this fit, then fork at `step` and train the rest of the same fit with the LR field's lr, as a branch."
-        from nbtrainer.plotting import history_curves
-
-        if self._fork_request is not None or not self.controls.paused:
+        if self.forks.request is not None or not self.controls.paused:
             return
         try:
             lr = hyperparameter('lr', lr)
         except ValueError as e:
-            self._note = f'<b>{html.escape(str(e))}</b>'
-            return self._update('status')
-        self.learn.recorder.flush()  # the loop is held: the parent's curves as they stand, drawn behind the branch
-        self._fork_request = step, lr, history_curves(self.learn.recorder)
-        self._forked = step, lr, None  # the branch's run comes with the fork
-        self._note = f'forking at step {step} with lr {lr:.3g}: this fit ends here, and its branch takes its place'
+            return self._note(f'<b>{html.escape(str(e))}</b>')
+        self.forks.ask(step, lr)
+        self.status.note = (
+            f'forking at step {step} with lr {lr:.3g}: this fit ends here, and its branch takes its place'
+        )
         self.controls.stop(f'forked at step {step} with lr {lr:.3g}')
 
     # ---- the training thread ----
@@ -556,40 +461,26 @@ class Dashboard(Callback):
         "A request carried out: the status line says so, the buttons follow; a pause or a resume redraws the figure."
         action = self.controls.log[-1][1]
         if action == 'stop':
-            self._stopping = True
+            self.panel.stopping = True
         if action == 'pause':
             self.bars._refresh()  # the bars where the fit is held, not where the last tick left them
         if action in ('pause', 'resume', 'stop'):
             self._sync_controls()  # before the status line says it: a reader
-        self._show_status()  # that waits for the line finds them synced
+        self.status.read(self.learn)  # that waits for the line finds them synced
         self._update('status')
         if self.plot is not None and action in ('pause', 'resume'):
             self.plot.render()
 
-    def _show_status(self):
-        learn = self.learn
-        planned = f' of {learn.fit_start[1] + learn.n_steps}' if learn.n_steps else ''
-        lr = '' if 'lr' in learn.status else f' · lr {learn.opt.param_groups[-1]["lr"]:.3g}'  # the base lr
-        extras = ''.join(f' · {k} {v}' for k, v in learn.status.items())
-        self.status_text = f'step {learn.step}{planned}{lr}{extras}'
-
     def _tick(self, now):
         "Every `refresh` seconds of a batch: the status and bars, and the figure's hand-over when it is due."
-        self._show_status()
+        self.status.read(self.learn)
         self._update('status')
         if self.plot is not None:
             self.plot.tick(now)
 
-    def _show_frame(self, png, step, final=False):
-        "A frame from the rendering process (its thread): shown with the table; the final one is the summary's."
-        self.png, self.png_step = png, step
-        if not final:
-            self._update('figure')
-
     def _add_row(self, row):
         "An evaluation's row: the table shows it with the next frame (or at once, with no live figure)."
-        self.rows.append(row)
-        self._keys = list(dict.fromkeys([*self._keys, *row]))
+        self.table.add(row)
         if self.plot is None or self.plot.error:
             self._update('figure')
 
@@ -597,11 +488,11 @@ class Dashboard(Callback):
     def before_fit(self):
         for part in self.parts:
             part.learn = self.learn
-        carry, self._carry = self._carry, None
+        carry, self.carry = self.carry, None
         views, self.ancestors, parent = carry if carry is not None else ([], [], None)
-        if self.plot is not None:
-            self.plot.parent_curves = parent  # the parent run, faint behind the branch
-        self.rows, self.summary, self.static, self._forked = [], None, None, None
+        if self.plot is not None:  # the parent run, faint behind the branch; no frame yet
+            self.plot.parent_curves, self.plot.frame = parent, (None, None)
+        self.summary, self.static = None, None
         self._build(views)
         self._run('before_fit')
 
@@ -610,15 +501,13 @@ class Dashboard(Callback):
         controls = next((cb for cb in learn.cbs if isinstance(cb, Controls)), None)
         self.controls = controls
         self.live = controls is not None and threading.current_thread() is not threading.main_thread()
-        self._context = contextvars.copy_context()  # the calling cell's: a branch started from here trains in it
-        self.can_fork = self.widgets and self.live and getattr(learn, 'keeps_fork_points', lambda: False)()
-        self._seen_cbs = list(learn.cbs)  # the Learner's and this fit's own (a schedule, say): a branch takes those
+        self.forks.begin(learn, self.widgets and self.live)
         self._log_start = len(controls.log) if controls is not None else 0  # this fit's requests start here
-        self.png = self.png_step = self._last_status = None
-        self.status_text, self._note, self._keys, self._stopping, self.boxes = '', '', [], False, []
+        self.table, self.status = _Table(self.table_rows), _Status()
+        self.panel = ControlPanel(controls, note=self._note, fork=self._on_fork)
         self._end_error = ''  # what failed in the dashboard's own end, said in the summary
         self._start, self.built = clock.now(), True
-        box = self._new_controls() if self.widgets and self.live else None  # there to press even where nothing shows
+        box = self.panel.new_box(learn.lr) if self.widgets and self.live else None  # to press where nothing shows
         if self.live:
             controls.listeners.append(self._on_request)  # feedback while the loop is held, too
             controls.waiting.append(self._show_waiting)  # a cell queued behind this fit, awaited, shows it
@@ -658,7 +547,7 @@ class Dashboard(Callback):
         learn = self.learn
         try:
             self._run('after_fit')  # the bars close; the final frame, as recorder.plot() draws it
-            self._show_status()
+            self.status.read(learn)
         except Exception as e:  # a display never fails a fit: the summary says what went wrong
             self._end_error = f'The display failed at the end: {type(e).__name__}: {e}'
         finally:  # whatever ended the fit, every view gives way to a static summary
@@ -668,9 +557,9 @@ class Dashboard(Callback):
                     if hook in hooks:
                         hooks.remove(hook)
             self.summary = describe_ending(learn, clock.now() - self._start)
-            self.static = self._static()
+            self.static = self.static_summary()
             self._end_views()
-            self._start_branch()
+            self.forks.start(self.views, self.ancestors)
             if learn.fit_outcome == 'interrupted' and in_jupyter():
                 brief_traceback(learn.fit_exception, learn)
 
@@ -678,8 +567,7 @@ class Dashboard(Callback):
         """Every view gives way to the static summary, in the place of its figure: the controls go first (their views
         emptied before they leave: a view taken off the page keeps the DOM it last showed), then the status."""
         with self._lock:
-            for box in self.boxes:
-                _blank(box)
+            self.panel.blank()
             ends = [
                 (view[part], self.static if part == 'figure' else _EMPTY)
                 for view in self.views
@@ -691,104 +579,27 @@ class Dashboard(Callback):
             _again_from_the_running_cell(lambda: [handle.update(bundle, raw=True) for handle, bundle in ends])
             for view in self.views:
                 view.pop('box', None)
-            for box in self.boxes:  # their comms freed; not the box's: an output whose first widget closes is hidden
-                forks = (box.forks, box.fork_label, box.fork_row) if box.forks is not None else ()
-                for part in (box.actions, box.lr, *forks):
-                    part.close()
-            self.boxes = []
+            self.panel.close()  # their comms freed; not the box's: an output whose first widget closes is hidden
 
-    def _start_branch(self):
-        "A fork asked while paused: its branch starts once this fit has ended, in its outputs, below its summary."
-        request, self._fork_request = self._fork_request, None
-        if request is None or self.learn.fit_outcome != 'stopped':
-            return
-        step, lr, curves = request
-        carry = (list(self.views), list(self.ancestors), curves)  # this fit's summary joins them once forked
-        threading.Thread(
-            target=self._context.run, args=(self._train_branch, step, lr, carry), name='nbtrainer-fork', daemon=True
-        ).start()
-
-    def _train_branch(self, step, lr, carry):
-        "In a thread of the parent's cell, once the parent fit has ended: fork, then the same fit with the new lr."
-        learn = self.learn
-        learn.wait_for_fit()
-        try:
-            learn.fork(step)
-        except Exception as e:  # e.g. the state was dropped by a keep rule meanwhile: said where the branch would be
-            failed = f'<p style="margin:4px 0"><b>Fork at step {step} failed: {html.escape(str(e))}</b></p>'
-            failed = {
-                'text/html': self.static['text/html'] + failed,
-                'text/plain': f'{self.static["text/plain"]}\nFork failed: {e}',
-            }
-            for view in carry[0]:
-                view['figure'].update(failed, raw=True)
-            return
-        views, ancestors, curves = carry
-        if self._forked is not None:  # a paused fit's fork: its summary names the branch, and goes above it
-            self._forked = step, lr, learn.progress.run_id
-            own = self._static(ancestors=False)
-            ancestors = [*ancestors, (own['text/html'], own['text/plain'])]
-        self._carry = views, ancestors, curves
-        try:
-            asyncio.run(learn.fit_async(**learn.progress.call, cbs=self._fit_cbs(), lr=lr))
-        except BaseException:
-            pass  # its own summary, in this output, says how it ended
-
-    def _fit_cbs(self):
-        "The callbacks given to the fit this dashboard showed (`fit_async(cbs=...)`): its branch continues with them."
-        return [
-            cb
-            for cb in self._seen_cbs
-            if cb not in self.learn.cbs and not isinstance(cb, Controls) and not type(cb).__name__.startswith('_')
-        ]  # not the controls and helpers fit_async adds itself
-
-    def _requests(self):
-        "What the controls carried out during this fit, in one line."
-        if self.controls is None:
-            return ''
-        log = self.controls.log[self._log_start :]
-        ended_by_fork = self._forked is not None and self.learn.fit_outcome == 'stopped' and log[-1][1] == 'stop'
-        if not ended_by_fork:  # no fork asked, or the fit ended otherwise before it (an interrupt, an error)
-            return ' · '.join(_describe_request(*entry) for entry in log)
-        # ended by a fork: the hold's lr is the branch's and its resume was never pressed; the stop names the branch
-        step, lr, run = self._forked
-        last = log[-1][0]
-        kept = [entry for entry in log[:-1] if not (entry[0] == last and entry[1] in ('lr', 'resume'))]
-        fork = f'forked at step {step} with lr {lr:.3g}' + (f' → run {run}' if run else '')
-        return ' · '.join([*(_describe_request(*entry) for entry in kept), fork])
-
-    def _static(self, ancestors=True):
+    def static_summary(self, ancestors=True):
         "The summary as plain HTML and text (kept by a saved notebook): headline, requests, figure, table, failure."
-        learn, requests, rows = self.learn, self._requests(), self.rows
-        carried = self.ancestors if ancestors else []
+        learn, carried = self.learn, self.ancestors if ancestors else []
+        log = self.controls.log[self._log_start :] if self.controls is not None else []
+        requests = describe_requests(log, self.forks.forked if learn.fit_outcome == 'stopped' else None)
         parts = [html_ for html_, _ in carried] + [f'<p style="margin:4px 0"><b>{html.escape(self.summary)}</b></p>']
         if requests:
             parts.append(f'<p style="margin:4px 0;font-size:12px">Requests: {html.escape(requests)}</p>')
         failures = [note for note in (self._figure_note(), self._end_error) if note]  # the fit's result stands
         parts += [f'<p style="margin:4px 0;font-size:12px"><i>{html.escape(note)}</i></p>' for note in failures]
-        figure = ''
-        if self.png:
-            width = _FIGURE_PX[0]
-            figure = (
-                f'<img style="width:{width}px;max-width:100%" width="{width}" '
-                f'src="data:image/png;base64,{base64.b64encode(self.png).decode()}"/>'
-            )
-        table = _summary_table(rows) if rows else ''
-        parts.append(f'<div style="display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start">{figure}{table}</div>')
+        figure = _summary_figure(self._frame()[0])
+        parts.append(
+            f'<div style="display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start">{figure}{self.table.summary()}</div>'
+        )
         if learn.fit_outcome == 'failed':
             trace = ''.join(traceback.format_exception(learn.fit_exception))
             parts.append(f'<details><summary>Traceback</summary><pre>{html.escape(trace)}</pre></details>')
-        keys = list(dict.fromkeys(k for row in rows for k in row))
-        text = '\n'.join(
-            [
-                *(text for _, text in carried),
-                self.summary,
-                *([f'Requests: {requests}'] if requests else []),
-                *failures,
-                *([format_header(keys)] if keys else []),
-                *(format_row(r, keys) for r in rows),
-            ]
-        )
+        requests = [f'Requests: {requests}'] if requests else []
+        text = '\n'.join([*(text for _, text in carried), self.summary, *requests, *failures, *self.table.text()])
         return {'text/html': '\n'.join(parts), 'text/plain': text}
 
     # ---- shown again ----
@@ -802,11 +613,11 @@ class Dashboard(Callback):
             raise ValueError('this dashboard has not shown a fit yet')
         with self._lock:
             if self.summary is None:
-                self._show_status()  # the step as it is now: never behind the figure, which comes off its tick
+                self.status.read(self.learn)  # the step as it is now: never behind the figure, off its tick
                 return self.views.append(self._display())
         display(self.static, raw=True)
-        if self.can_fork and self.learn.fork_steps():
-            self._fork_bar()
+        if self.forks.can_fork and self.learn.fork_steps():
+            self.forks.bar()
 
     def _show_waiting(self, request):
         "In a cell queued behind this (awaited) fit: the live dashboard, so that a reloaded page gets the controls back."
@@ -814,41 +625,6 @@ class Dashboard(Callback):
         with self._lock:
             if self.summary is None:
                 self.views.append(self._display())
-
-    def _fork_bar(self):
-        "After the fit: fork at a kept evaluation and train the rest of that fit as a branch, its dashboard in the bar's."
-        import ipywidgets as W
-        from IPython.display import display
-        from nbtrainer.plotting import history_curves
-
-        steps = self.learn.fork_steps()
-        pick = W.Dropdown(options=steps, value=steps[-1], description='fork at', layout=W.Layout(width='170px'))
-        lr_box = _edited(W.FloatText, value=self.learn.lr, description='lr', layout=W.Layout(width='170px'))
-        button, note = W.Button(description='Fork and train', button_style='primary'), W.HTML()
-        bar = W.HBox([pick, lr_box, button, note])
-        bar.add_class('nbtrainer-fork-bar')
-        view = {
-            'status': display(_EMPTY, raw=True, display_id=True),  # the branch's outputs, around the bar
-            'controls': display_widget(bar, 'Fork controls (live while the kernel runs)'),
-            'figure': display(_EMPTY, raw=True, display_id=True),
-        }
-
-        def fork(_):
-            try:
-                lr = hyperparameter('lr', lr_box.value)
-            except ValueError as e:
-                note.value = f'<b>{html.escape(str(e))}</b>'
-                return
-            button.disabled = True
-            carry = ([view], [], history_curves(self.learn.recorder))  # this fit's summary keeps its own output
-            threading.Thread(
-                target=contextvars.copy_context().run,
-                args=(self._train_branch, pick.value, lr, carry),
-                name='nbtrainer-fork',
-                daemon=True,
-            ).start()
-
-        button.on_click(fork)
 
 # %% ../nbs/17_dashboard.ipynb #1644a037
 @patch_to(Learner)

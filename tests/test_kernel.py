@@ -490,7 +490,7 @@ def test_the_html_dashboard_of_a_background_fit_is_shown_again_and_both_views_ge
         km.shutdown_kernel(now=True)
 
 
-@pytest.mark.parametrize('name', ['16_control', '17_dashboard'])
+@pytest.mark.parametrize('name', ['16_control', '17_dashboard', '17a_dashboard_controls'])
 def test_control_and_dashboard_notebooks_in_a_real_kernel(name, tmp_path):
     "nbdev-test runs these without a kernel; here the dashboard is displayed for real and fit_async meets ipykernel's loop."
     from conftest import ROOT

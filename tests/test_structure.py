@@ -40,6 +40,7 @@ LAYERS = {
     'distributed': TOP,
     'control': TOP,
     'dashboard': TOP,
+    'dashboard_controls': TOP,
     'render': TOP,
     'demo': TOP,
     'testing': TOP,
