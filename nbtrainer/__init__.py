@@ -64,13 +64,14 @@ from .core import Learner
 from .progress import ProgressCallback, ProgressLog
 from .plotting import plot_history
 from nbtrainer.checkpoint import (
-    Checkpointer,
     config_changes,
     plain_checkpoint,
     plain_state_dict,
     read_checkpoint,
     run_config,
 )
+from .checkpointer import Checkpointer
+from . import resume  # noqa: F401 (it fills the resume hook, and attaches learn.resume)
 from .preemption import Preemption
 from .fork import ForkPoints
 from .early_stopping import EarlyStopping

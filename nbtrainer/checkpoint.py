@@ -1,4 +1,4 @@
-"""`learn.save(path)` / `learn.load(path)` keep the whole training state; a `Checkpointer` saves during `fit`, keeps the last and the best, and `learn.fit(..., resume=True)` continues a killed run bit for bit.
+"""What a checkpoint holds and how its file is written whole and read back checked: plain weights, the run's configuration, the per-batch rows in a side file, sharded folders and their conversion to one file.
 
 Docs: https://nbtrainer.github.io/nbtrainer/checkpoint.html.md"""
 
@@ -6,38 +6,28 @@ Docs: https://nbtrainer.github.io/nbtrainer/checkpoint.html.md"""
 
 # %% auto #0
 __all__ = ['FORMAT', 'ROW_WIDTH', 'ROW_BYTES', 'CONFIG_PARTS', 'STATE_FILE', 'plain_state_dict', 'run_config', 'config_changes',
-           'read_checkpoint', 'plain_checkpoint', 'Checkpointer']
+           'read_checkpoint', 'plain_checkpoint']
 
 # %% ../nbs/08_checkpoint.ipynb #51cc03d5
-import fcntl, hashlib, math, numbers, os, shutil, socket, stat, threading, warnings, weakref, zlib
-from contextlib import contextmanager
+import os, shutil, stat, threading, warnings, weakref, zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .callback import Callback, Order
-from .checks import writable_folder
-from .core import Learner, fills, patch_to
 from .data import data_fingerprint, examples_digest, plain_model
-from .recorder import Recorder, check_monitor, monitored_value
+from .recorder import Recorder
 from nbtrainer.runfiles import (
-    CHECKPOINT_NAME,
     BadFileError,
     atomic_write,
-    bare_name,
     file_kind,
     named_errors,
     open_file,
-    sync_folder,
     map_rows,
     read_rows,
     read_shard_metadata,
     read_shards,
     read_torch_file,
-    shard_errors,
-    shard_planner,
-    shard_reader,
     side_file,
 )
 
@@ -58,22 +48,14 @@ def plain_state_dict(state):
     return out
 
 # %% ../nbs/08_checkpoint.ipynb #45356b46
-def _callback_key(cb, taken):
-    "A stable key per callback: its class name, numbered when a class appears twice."
-    name, i = type(cb).__name__, 1
-    while (key := name if i == 1 else f'{name}{i}') in taken:
-        i += 1
-    return key
+def load_plain_state_dict(model, state):
+    "Load a plain state_dict (no `module.` or `_orig_mod.` prefixes) into `model`, adding back the prefixes it has."
+    target_keys = list(model.state_dict())
+    plain_keys = list(plain_state_dict(model.state_dict()))
+    model.load_state_dict({t: state[p] for t, p in zip(target_keys, plain_keys)})
 
-
-def _callback_keys(learn):
-    keys = {}
-    for cb in learn.cbs:
-        keys[_callback_key(cb, keys)] = cb
-    return keys
-
-
-def _atomic_save(obj, path):
+# %% ../nbs/08_checkpoint.ipynb #3a6fd3d0
+def atomic_save(obj, path):
     "Write `obj` to `path` whole or not at all (`atomic_write`: a new temporary file, synced, renamed over it)."
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -159,35 +141,6 @@ def config_changes(saved, now, allowed=()):
         changes.append((part, f'{part} ({words})'))
     return changes
 
-# %% ../nbs/08_checkpoint.ipynb #971926b4
-def _check_run_config(learn, state, path, allow_changes, lr_given, strict):
-    "Refuse (`strict`, as resume does) or warn about a checkpoint of another configuration, naming each difference."
-    saved = state.get('config')
-    if saved is None or allow_changes is True:
-        return
-    allowed = set(allow_changes or ())
-    unknown = allowed - set(CONFIG_PARTS)
-    if unknown:
-        raise ValueError(
-            f'allow_changes names {sorted(unknown)}, which are not parts of a configuration: {CONFIG_PARTS}'
-        )
-    now = run_config(learn)
-    if lr_given:  # fit(lr=..., resume=True) asks for the change of lr
-        now['hyperparameters'] = {**now['hyperparameters'], 'lr': saved.get('hyperparameters', {}).get('lr')}
-    changes = config_changes(saved, now, allowed)
-    if not changes:
-        return
-    text = f'checkpoint {path} belongs to a run of another configuration: ' + '; '.join(w for _, w in changes)
-    parts = tuple(p for p, _ in changes)
-    if strict:
-        raise ValueError(
-            f'{text}. Resuming would continue that run with other settings. Use a Checkpointer folder of its '
-            f'own for this configuration, or, to continue anyway, fit(..., resume=True, allow_changes={parts!r})'
-        )
-    warnings.warn(
-        f'{text}: loaded anyway (learn.load(path, allow_changes={parts!r}) says this is intended)', stacklevel=3
-    )
-
 # %% ../nbs/08_checkpoint.ipynb #15da1cdd
 def read_checkpoint(path, map_location='cpu'):
     """Read a checkpoint safely, a file or a sharded checkpoint's folder, through `nbs/00h_runfiles.ipynb`'s readers:
@@ -234,8 +187,8 @@ def _agreed_rows(recorder, file, have, n):
             return rows  # the last row both hold agrees: the rows before it are this run's
     return 0
 
-# %% ../nbs/08_checkpoint.ipynb #ed20895a
-def _append_batch_rows(recorder, file):
+# %% ../nbs/08_checkpoint.ipynb #439090ee
+def append_batch_rows(recorder, file):
     """Bring the append-only side file up to the Recorder's rows; returns what a checkpoint records of them. Rows the
     Recorder no longer holds (a future a resume abandoned, another run's) are cut from a copy put in the file's place:
     a process that mapped the file keeps reading what it mapped."""
@@ -274,7 +227,7 @@ def _copy_bytes(source, target, size):
         target.write(chunk)
         size -= len(chunk)
 
-# %% ../nbs/08_checkpoint.ipynb #e9910b94
+# %% ../nbs/08_checkpoint.ipynb #12a204a3
 _loaded_from = weakref.WeakKeyDictionary()  # Recorder -> (side file, rows, (rows, CRC-32)) a load mapped its rows from
 
 
@@ -287,7 +240,7 @@ def _loaded_rows(recorder, file, n):
     return source if same else file
 
 
-def _batch_rows(state, path):
+def saved_batch_rows(state, path):
     """The per-batch rows a checkpoint holds, or refers to in its side file, and a check of them to run before they are
     first read (None: checked already). Side-file rows are mapped, not read: a load takes the same time at any step.
     Its size and last row are checked here, their CRC-32 in a thread; a side file that lost them warns, gives none."""
@@ -332,146 +285,16 @@ def _batch_rows(state, path):
     _side_crcs[_key(file)] = (count, rows['crc32'])  # a save from here on appends to them, reading nothing
     return mapped, verify
 
-# %% ../nbs/08_checkpoint.ipynb #edd4a220
-@patch_to(Learner)
-def save(learn, path, batches_file=None):
-    """Write the whole training state to `path`, atomically; returns the path. The per-batch rows go to `batches_file`,
-    by default `batches-<run id>.f64` beside it, appended to: a save costs the same at step 1,000 and at 1,000,000.
-    Under DDP every rank calls it; rank 0 writes. Under FSDP every rank calls it and writes its shards in a folder."""
-    state = training_state(learn)  # every rank takes part: the strategy's collectives
-    if batches_file is None:
-        batches_file = Path(path).parent / f'batches-{learn.progress.run_id}.f64'
-    if learn.strategy.sharded:
-        return _save_shards(learn, state, Path(path), Path(batches_file))
-    if state is None:
-        return Path(path)  # not the main process
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    state['batches'] = _append_batch_rows(learn.recorder, Path(batches_file))
-    _atomic_save(state, path)
-    return Path(path)
+
+def remember_loaded_rows(recorder, rows):
+    "After a load: the side file the Recorder's rows were mapped from, which a save to another side file copies."
+    if isinstance(rows, np.memmap):  # a save to another side file copies these rows (`_loaded_rows`)
+        _loaded_from[recorder] = (Path(rows.filename), len(rows), _side_crcs[_key(rows.filename)])
+    else:
+        _loaded_from.pop(recorder, None)
 
 # %% ../nbs/08_checkpoint.ipynb #6ae1b60d
-def training_state(learn):
-    "Everything a checkpoint holds but the per-batch rows, as references (None on a rank other than the main one)."
-    learn.strategy.before_save(learn)  # DDP: the statistics every rank must agree on (collectives, so every rank calls)
-    passes = learn.strategy.gather_object(learn.data_pass.state_dict())  # each rank's random streams (dropout differs)
-    if not learn.main_process:
-        return None
-    callbacks = {key: cb.state_dict() for key, cb in _callback_keys(learn).items()}
-    sharded = learn.strategy.sharded  # FSDP: each rank writes its own shards of these (`_save_shards`)
-    return {
-        'format': FORMAT,
-        'config': run_config(learn),
-        'model': None if sharded else plain_state_dict(learn.model.state_dict()),
-        'optimizer': None if sharded else learn.opt.state_dict(),
-        'lr': learn.lr,
-        **{name: part.state_dict() for name, part in learn.parts().items() if name != 'pass'},
-        'pass': passes[0],
-        **({'pass_by_rank': passes} if len(passes) > 1 else {}),
-        'batches': None,
-        'callbacks': {k: v for k, v in callbacks.items() if v},
-    }
-
-# %% ../nbs/08_checkpoint.ipynb #65c04f20
-def _check_model(model, state, path):
-    expected = plain_state_dict(model.state_dict())
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise BadFileError(
-            f'{path} is not a checkpoint nbtrainer wrote, or was altered: its model is not tensors by name'
-        )
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    shapes = [
-        f'{k}: checkpoint {tuple(state[k].shape)} {state[k].dtype} vs model {tuple(v.shape)} {v.dtype}'
-        for k, v in expected.items()
-        if k in state
-        and (
-            state[k].shape != v.shape
-            or state[k].is_complex() != v.is_complex()
-            or (state[k].dtype == torch.bool) != (v.dtype == torch.bool)
-        )
-    ]
-    problems = (
-        ([f'missing keys {missing[:5]}'] if missing else [])
-        + ([f'unexpected keys {unexpected[:5]}'] if unexpected else [])
-        + ([f'shape mismatch {"; ".join(shapes[:5])}'] if shapes else [])
-    )
-    if problems:
-        raise ValueError(f'checkpoint {path} does not fit this model: ' + '; '.join(problems))
-
-
-def load_plain_state_dict(model, state):
-    "Load a plain state_dict (no `module.` or `_orig_mod.` prefixes) into `model`, adding back the prefixes it has."
-    target_keys = list(model.state_dict())
-    plain_keys = list(plain_state_dict(model.state_dict()))
-    model.load_state_dict({t: state[p] for t, p in zip(target_keys, plain_keys)})
-
-
-def _check_optimizer(opt, state, path):
-    "The checkpoint's optimizer must be this one's kind, with the same parameter groups: else its state cannot apply."
-    saved = state['config']['optimizer'] if 'config' in state else state.get('optimizer_type')
-    if saved is not None and saved != type(opt).__name__:
-        raise ValueError(
-            f'checkpoint {path} was trained with {saved}, but this Learner uses {type(opt).__name__}: '
-            f'create the Learner with opt_func=torch.optim.{saved}, or load the weights alone with '
-            'learn.load(path, model_only=True)'
-        )
-    groups, ours = state['optimizer']['param_groups'], opt.param_groups
-    _check_optimizer_state(opt, state['optimizer'], path, sharded=bool(state.get('sharded')))
-    if [len(g['params']) for g in groups] != [len(g['params']) for g in ours]:
-        raise ValueError(
-            f'checkpoint {path} has {len(groups)} parameter groups of {[len(g["params"]) for g in groups]} '
-            f'parameters, this optimizer {len(ours)} of {[len(g["params"]) for g in ours]}: build the optimizer '
-            'the same way, or load the weights alone with learn.load(path, model_only=True)'
-        )
-
-# %% ../nbs/08_checkpoint.ipynb #dba46e84
-_LIKE_PARAM = ('exp_avg', 'exp_avg_sq', 'max_exp_avg_sq', 'momentum_buffer', 'square_avg', 'acc_delta', 'sum', 'ax')
-
-
-def _check_optimizer_state(opt, saved, path, sharded=False):
-    """An optimizer state as `Optimizer.state_dict` writes it: groups of parameter positions, and per position a dict of
-    plain values; the buffers torch's optimizers keep per parameter (`_LIKE_PARAM`) of its shape. Else one error."""
-    bad = lambda what: BadFileError(f'{path} is not a checkpoint nbtrainer wrote, or was altered: its optimizer {what}')
-    groups = saved['param_groups']
-    if not (
-        isinstance(groups, list) and all(isinstance(g, dict) and isinstance(g.get('params'), list) for g in groups)
-    ):
-        raise bad('groups are not lists of parameters')
-    positions = [i for g in groups for i in g['params']]
-    if sharded:  # groups name their parameters; the per-parameter state is in the shards, which DCP checks
-        if not all(isinstance(n, str) for n in positions):
-            raise bad(f'groups name their parameters {str(positions)[:80]}, not by their names')
-        return
-    if positions != list(range(len(positions))):
-        raise bad(f'groups number their parameters {str(positions)[:80]}, not 0, 1, 2, ...')
-    params = [p for g in opt.param_groups for p in g['params']]
-    if not isinstance(saved['state'], dict):
-        raise bad('state is not a dict')
-    for i, per in saved['state'].items():
-        if type(i) is not int or not 0 <= i < len(params) or not isinstance(per, dict):
-            raise bad(f'state names parameter {str(i)[:40]}, of {len(params)}')
-        for k, v in per.items():
-            if not (v is None or type(v) in (bool, int, float) or isinstance(v, torch.Tensor)):
-                raise bad(f'state of parameter {i} holds a {type(v).__name__} under {str(k)[:40]!r}')
-            if k in _LIKE_PARAM and isinstance(v, torch.Tensor) and v.shape != params[i].shape:
-                raise bad(
-                    f'{k} of parameter {i} has the shape {tuple(v.shape)}, the parameter {tuple(params[i].shape)}'
-                )
-
-# %% ../nbs/08_checkpoint.ipynb #12b167a3
-def _check_data(learn, state, path):
-    "Resuming on other data would continue on another split: refuse, showing both fingerprints."
-    saved, ours = state.get('data'), data_fingerprint(learn.train_dl)
-    if saved is not None and saved != ours:
-        raise ValueError(
-            f'checkpoint {path} was trained on other data: {saved}, but train_dl is now {ours}. Resuming '
-            'would continue on a different split. Use the same loader, or, to continue on this data anyway, '
-            'learn.load(path, check_data=False) and then fit without resume='
-        )
-
-
-def _upgrade(state):
+def upgrade_checkpoint(state):
     "Checkpoints of earlier formats, in format 3's shape: per-batch rows beside the Recorder, the parts' states by name."
     recorder = state['callbacks'].get('Recorder', {})
     if 'batches' in recorder:  # format 1 kept the per-batch columns inside the Recorder's state
@@ -497,169 +320,8 @@ def _upgrade(state):
             kept['best'] = [[s, Path(p).name, r] for s, p, r in kept['best']]
     return state
 
-# %% ../nbs/08_checkpoint.ipynb #72f35cb3
-@patch_to(Learner)
-def load(
-    learn, path, model_only=False, check_data=True, allow_changes=None, strict=False, lr_given=False, weights_only=None
-):
-    """Put the state saved by `learn.save` back: everything, or with `model_only=True` the model's weights alone. Returns
-    the checkpoint's contents. Every load reads the file safely (torch's `weights_only` unpickling, and more: see "What
-    is safe to load"). A checkpoint of another configuration loads with a warning naming each difference (`strict=True`,
-    as `resume` uses: refused) unless `allow_changes` names those parts (or is True); other data is refused unless
-    `check_data=False`."""
-    if weights_only is not None:  # torch's name for safe unpickling, which every load does: this meant the model alone
-        warnings.warn(
-            'learn.load(path, weights_only=...) is now learn.load(path, model_only=...): every load reads the '
-            'file with torch\'s weights_only unpickler, whichever it is',
-            FutureWarning,
-            stacklevel=2,
-        )
-        model_only = weights_only
-    state = read_checkpoint(path, learn.device)
-    if model_only:
-        with _malformed(path):
-            _check_model(learn.model, state['model'], path)
-        _load_tensors(learn, state, path, optimizer=False)
-        return state
-    if 'optimizer' not in state:
-        raise ValueError(f'{path} holds weights only; use learn.load(path, model_only=True)')
-    return load_training_state(learn, state, path, check_data, allow_changes, strict, lr_given)
-
-# %% ../nbs/08_checkpoint.ipynb #d6afd65a
-_MALFORMED = (TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError)
-
-
-@contextmanager
-def _malformed(path):
-    "A state not shaped as nbtrainer writes it raises, in the block, one `BadFileError` naming the file."
-    try:
-        yield
-    except _MALFORMED as e:
-        raise BadFileError(
-            f'{path} is not a checkpoint nbtrainer wrote, or was altered: {type(e).__name__}: {str(e)[:200]}'
-        ) from None
-
-
-def _check_states(learn, state, path, keys):
-    "Every part's and callback's `check_state` of the state it is about to be given, before any is changed."
-    owners = [(f'its {name} state', part, state[name]) for name, part in learn.parts().items() if name in state]
-    owners += [(f'the state of its callback {k}', keys[k], s) for k, s in state['callbacks'].items() if k in keys]
-    for what, owner, given in owners:
-        try:
-            owner.check_state(given)
-        except (ValueError, *_MALFORMED) as e:
-            raise BadFileError(f'{path}: {what} cannot be loaded: {str(e)[:300]}') from None
-
-
-def _check_groups(learn, state, path):
-    "The checkpoint's parameter groups are this Learner's (another splitter is another configuration: a ValueError)."
-    saved = state.get('groups', {}).get('groups', len(learn.param_groups.groups))
-    if saved != len(learn.param_groups.groups):
-        raise ValueError(
-            f'checkpoint {path} froze {saved} parameter groups, this Learner has {len(learn.param_groups.groups)}: '
-            'split the model the same way (the same splitter=)'
-        )
-
-
-def _check_training_state(learn, state, path, check_data=True, allow_changes=None, strict=False, lr_given=False):
-    "Everything `load_training_state` will apply, checked (see above); the state, upgraded to this format, and its rows."
-    with _malformed(path):
-        _check_model(learn.model, state['model'], path)
-        state = _upgrade(state)
-        keys = _callback_keys(learn)
-        missing_cbs = [k for k in state['callbacks'] if k not in keys]
-        if missing_cbs:
-            warnings.warn(
-                f'checkpoint {path} has state for callbacks this Learner lacks, which is not loaded: '
-                f'{missing_cbs} (add them to the Learner to restore their state too)',
-                stacklevel=3,
-            )
-        _check_optimizer(learn.opt, state, path)
-        if not check_data:
-            allow_changes = True if allow_changes is True else {*(allow_changes or ()), 'data'}
-        elif 'config' not in state:
-            _check_data(learn, state, path)
-        else:
-            saved, ours = state['config']['data'], run_config(learn)['data']
-            fingerprint = {k: v for k, v in saved.items() if k != 'examples'}
-            if (
-                allow_changes is not True
-                and 'data' not in (allow_changes or ())
-                and fingerprint != {k: v for k, v in ours.items() if k != 'examples'}
-            ):
-                _check_data(learn, {'data': fingerprint}, path)
-        _check_run_config(learn, state, path, allow_changes, lr_given, strict)
-        _check_groups(learn, state, path)
-        lrs = state['lr'] if isinstance(state['lr'], list) else [state['lr']]
-        if not all(type(v) in (int, float) and math.isfinite(v) for v in lrs):
-            raise BadFileError(f'{path} is not a checkpoint nbtrainer wrote, or was altered: its lr is {state["lr"]!r}')
-        by_rank = state.get('pass_by_rank')
-        if by_rank is not None and len(by_rank) == learn.strategy.world:
-            state['pass'] = by_rank[learn.strategy.rank]
-        _check_states(learn, state, path, keys)
-        rows, verify = _batch_rows(state, path)
-    return state, keys, rows, verify
-
-
-def load_training_state(learn, state, path, check_data=True, allow_changes=None, strict=False, lr_given=False):
-    "Put back a state from `training_state` or a checkpoint file (`path` names it in messages), all checked before any change."
-    state, keys, rows, verify = _check_training_state(learn, state, path, check_data, allow_changes, strict, lr_given)
-    learn.lr = state['lr']  # the base lr first: the optimizer's groups then get the lrs they had (a schedule's)
-    _load_tensors(learn, state, path)
-    for name, part in learn.parts().items():
-        if name in state:
-            part.load_state_dict(state[name])
-    for key, cb_state in state['callbacks'].items():
-        cb = keys.get(key)
-        if cb is not None and (learn.main_process or not getattr(cb, 'main_process_only', False)):
-            cb.load_state_dict(cb_state)
-    if rows is not None:
-        learn.recorder.restore_batches(rows, verify)
-    if isinstance(rows, np.memmap):  # a save to another side file copies these rows (`_loaded_rows`)
-        _loaded_from[learn.recorder] = (Path(rows.filename), len(rows), _side_crcs[_key(rows.filename)])
-    else:
-        _loaded_from.pop(learn.recorder, None)
-    if not learn.main_process:
-        learn.recorder.clear_since_row()  # under DDP the saved sums are every rank's: rank 0 holds them
-    return state
-
-# %% ../nbs/08_checkpoint.ipynb #d2e7360d
+# %% ../nbs/08_checkpoint.ipynb #33e73b11
 STATE_FILE = 'state.pt'  # in a sharded checkpoint's folder: everything but the tensors of the model and the optimizer
-
-
-def _remove(path):
-    "Delete a checkpoint: a file, or the folder of a sharded one; a link is removed itself, never what it points to."
-    if file_kind(path) == 'folder':
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def _save_shards(learn, state, path, batches_file):
-    "Every rank writes its shards (DCP) into a hidden folder, rank 0 the rest; once all are on disk rank 0 renames it."
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    tmp = path.with_name(f'.{path.name}.tmp')
-    if learn.main_process:  # a folder of its own: whatever is in its place (a link, a killed save's) goes first
-        _remove(tmp)
-        tmp.mkdir()
-    learn.strategy.barrier()
-    model_state, opt_state = get_state_dict(learn.model, learn.opt)
-    dcp.save({'model': model_state, 'optimizer': opt_state}, checkpoint_id=tmp)  # returns when every shard is fsynced
-    if learn.main_process:
-        state.update(
-            model=None,
-            optimizer={'param_groups': opt_state['param_groups']},
-            sharded=True,
-            batches=_append_batch_rows(learn.recorder, batches_file),
-        )
-        _atomic_save(state, tmp / STATE_FILE)
-        _remove(path)  # the same step saved again
-        os.replace(tmp, path)
-        sync_folder(path.parent)  # make the rename itself durable
-    learn.strategy.barrier()  # no rank goes on (to read it, or to a next save) before it is in place
-    return path
 
 
 def _read_shards(path):
@@ -674,63 +336,22 @@ def _read_shards(path):
     state['sharded'] = True  # whatever its state.pt says: the tensors are the shards'
     return state
 
+# %% ../nbs/08_checkpoint.ipynb #6b5dde01
+def remove_checkpoint(path):
+    "Delete a checkpoint: a file, or the folder of a sharded one; a link is removed itself, never what it points to."
+    if file_kind(path) == 'folder':
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
-def _by_name(learn, opt_state):
-    "A plain optimizer state_dict keyed by parameter names, as DCP's `set_optimizer_state_dict` reads it."
-    names = {id(p): n for n, p in learn.model.named_parameters()}
-    order = [names[id(p)] for g in learn.opt.param_groups for p in g['params']]
-    return {
-        'state': {order[i]: s for i, s in opt_state['state'].items()},
-        'param_groups': [{**g, 'params': [order[i] for i in g['params']]} for g in opt_state['param_groups']],
-    }
-
-
-def _load_tensors(learn, state, path, optimizer=True):
-    "The checkpoint's weights (and optimizer state) into the Learner: each rank reads what it holds of a sharded one."
-    if state.get('sharded') or learn.strategy.sharded:
-        import torch.distributed.checkpoint as dcp
-
-        def dcp_load(
-            tensors, checkpoint_id
-        ):  # DCP's reader and planner, with nbtrainer's safe reading in place of pickle
-            with warnings.catch_warnings(), shard_errors(checkpoint_id):  # in one process DCP says so: as intended
-                warnings.filterwarnings('ignore', message='torch.distributed is disabled')
-                dcp.load(tensors, storage_reader=shard_reader(checkpoint_id), planner=shard_planner())
-
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_state_dict,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-            set_state_dict,
-        )
-    if state.get('sharded'):
-        if not optimizer:
-            model_state = get_model_state_dict(learn.model)
-            dcp_load({'model': model_state}, checkpoint_id=path)
-            return set_model_state_dict(learn.model, model_state)
-        model_state, opt_state = get_state_dict(learn.model, learn.opt)
-        dcp_load({'model': model_state, 'optimizer': opt_state}, checkpoint_id=path)  # into this rank's shards
-        return set_state_dict(learn.model, learn.opt, model_state_dict=model_state, optim_state_dict=opt_state)
-    if learn.strategy.sharded:  # a plain checkpoint into a sharded model: every rank keeps its shards of the whole
-        whole = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(learn.model, state['model'], options=whole)
-        if optimizer:
-            set_optimizer_state_dict(learn.model, learn.opt, _by_name(learn, state['optimizer']), options=whole)
-        return
-    if optimizer:  # first: torch checks the optimizer's state as it loads it, so a refusal leaves the model as it was
-        learn.opt.load_state_dict(state['optimizer'])
-    load_plain_state_dict(learn.model, state['model'])
-
-# %% ../nbs/08_checkpoint.ipynb #67cb56f2
+# %% ../nbs/08_checkpoint.ipynb #cb5a6ee5
 def plain_checkpoint(folder, path):
     "Convert the sharded checkpoint `folder` into one plain checkpoint file at `path`, which `torch.load` reads alone."
     folder, path = Path(folder), Path(path)
     state = read_checkpoint(folder)
     if not state.get('sharded'):
         raise ValueError(f'{folder} is a plain checkpoint already: it needs no conversion')
-    rows, verify = _batch_rows(state, folder)
+    rows, verify = saved_batch_rows(state, folder)
     if verify is not None and not verify():
         rows = np.zeros((0, ROW_WIDTH))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -743,341 +364,5 @@ def plain_checkpoint(folder, path):
         'param_groups': [{**g, 'params': [position[n] for n in g['params']]} for g in groups],
     }
     state['batches'] = None if rows is None else {'rows': torch.from_numpy(np.array(rows))}  # no side file: a copy
-    _atomic_save(state, path)
+    atomic_save(state, path)
     return path
-
-# %% ../nbs/08_checkpoint.ipynb #397f8841
-def _count(name, value, least):
-    "An int >= `least` (None allowed), checked when a Checkpointer is made rather than mid-fit."
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
-        raise ValueError(f'{name} must be an int >= {least} or None, got {value!r}')
-    return int(value)
-
-# %% ../nbs/08_checkpoint.ipynb #4ed1aaa9
-class Checkpointer(Callback):
-    "Save during fit: every N steps and/or every epoch (keep the last K) and the best N by a monitored metric."
-
-    order = Order.SAVE
-    run_valid = False  # it saves after training batches, epochs and evaluations
-    side_effects = True  # it writes files (under DDP every rank takes part in a save; rank 0 writes)
-    keeps_checkpoints = True  # how resume=True and load_best() find it
-    BATCHES = 'batches.f64'  # the append-only side file of the Recorder's per-batch rows, in the folder
-    LOCK = '.lock'  # held by the process that writes the folder
-
-    def __init__(
-        self,
-        folder=None,
-        every_steps=None,
-        every_epoch=True,
-        keep_last=2,
-        monitor=None,
-        mode='min',
-        keep_best=1,
-        every_eval=False,
-        keep_evals=None,
-    ):
-        if mode not in ('min', 'max'):
-            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        self.every_steps = _count('every_steps', every_steps, 1)
-        self.keep_last, self.keep_best = _count('keep_last', keep_last, 0), _count('keep_best', keep_best, 0)
-        self.every_eval, self.keep_evals = bool(every_eval), _count('keep_evals', keep_evals, 1)
-        if not isinstance(monitor, (str, type(None))):
-            raise ValueError(f'monitor must be the name of a history column, got {monitor!r}')
-        self._monitor_asked = monitor  # None: valid_loss, or train_loss in a fit without validation data
-        self._folder = None if folder is None else Path(folder)
-        self.every_epoch, self.monitor, self.mode = bool(every_epoch), monitor or 'valid_loss', mode
-        self.last, self.kept_best, self.evals = (
-            [],
-            [],
-            [],
-        )  # [name]; [(score, name, row)], best first; [name]: in the folder
-        self._lock = None
-
-    @property
-    def folder(self):
-        "The folder: the one given, or one per configuration, `runs/checkpoints/<model>-<hash of run_config>`."
-        if self._folder is not None:
-            return self._folder
-        if self.learn is None:
-            raise ValueError(
-                'Checkpointer() without a folder picks one per configuration: attach it to a '
-                'Learner first, or give the folder'
-            )
-        config = run_config(self.learn)
-        digest = hashlib.sha256(repr(sorted(config.items())).encode()).hexdigest()[:10]
-        return Path('runs/checkpoints') / f'{config["model"]}-{digest}'
-
-    def _path(self, name):
-        return self.folder / name
-
-    def claim(self):
-        "The fit starts: lock the folder before any callback opens a file (a refused process writes nothing)."
-        if not self.learn.main_process:
-            return  # under DDP rank 0 alone writes
-        self._folder = self.folder  # fixed for the fit, whatever it changes
-        writable_folder(self._folder, type(self).__name__)  # now, not at the first save after an epoch of training
-        self._take_lock()
-        for leftover in self._folder.glob('.*.tmp'):
-            _remove(leftover)  # half-written by a killed run (a link is removed itself)
-
-    def before_fit(self):
-        if self.keep_best:
-            self.monitor = check_monitor(self.learn, 'Checkpointer', self._monitor_asked)
-
-    def _take_lock(self):
-        "One writer per folder: a second process writing the same run would delete or overwrite its files."
-        if self._lock is not None:
-            return
-        f = open_file(self._folder / self.LOCK, 'a+')  # a link or FIFO in its place is refused by name
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = ascii(f.read(200).strip()).strip("'") or 'another process'  # the file's words, shown as text only
-            f.close()
-            raise RuntimeError(
-                f'{self._folder} is being written by {holder}: two runs writing one checkpoint folder would '
-                'delete each other\'s files. Give this run a folder of its own, or wait for the other to end'
-            ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(f'process {os.getpid()} on {socket.gethostname()}')
-        f.flush()
-        self._lock = f
-
-    def release(self):
-        if self._lock is not None:
-            self._lock.close()  # closing releases the lock
-        self._lock = None
-
-    def _files(self):
-        return set(self.last) | {b[1] for b in self.kept_best} | set(self.evals)
-
-    def _save(self, name, keep):
-        "Record what is kept with the new file (`keep(name)`) before saving it, so its own state lists it; then remove what it displaced."
-        before = self._files()
-        keep(name)
-        if name in self._files():
-            self.learn.save(self._path(name), batches_file=self._path(self.BATCHES))
-        if self.learn.main_process:  # under DDP only rank 0 touches files, and only in its own folder
-            for old in before - self._files():
-                _remove(self._path(old))
-
-    def _keep_last(self, name):
-        self.last = ([n for n in self.last if n != name] + [name])[-self.keep_last :] if self.keep_last else []
-
-    def after_batch(self):  # at a window's end only: a checkpoint inside one would lose its micro-batches' gradients
-        if self.every_steps and not self.learn.accumulating and self.learn.step % self.every_steps == 0:
-            self.save_step()
-
-    def save_step(self):
-        "Save `step-<N>.pt` now (once per step), kept by the keep-last rule: at a step boundary, so it resumes exactly."
-        learn = self.learn
-        if learn.step == getattr(self, '_saved_step', None):
-            return
-        self._saved_step = learn.step
-        self._save(f'step-{learn.step}.pt', self._keep_last)
-
-    def after_epoch(self):
-        if self.every_epoch and self.learn.progress.epoch_done:
-            self._save(f'epoch-{self.learn.epoch}.pt', self._keep_last)
-
-    def _keep_eval(self, name):
-        kept = [n for n in self.evals if n != name] + [name]
-        self.evals = kept[-self.keep_evals :] if self.keep_evals else kept
-
-    def after_eval(self):
-        learn = self.learn
-        if self.every_eval:
-            self._save(f'eval-{learn.step}.pt', self._keep_eval)  # fork points on disk (learn.fork)
-        if not self.keep_best:
-            return
-        row, value = learn.eval_row, monitored_value(learn.eval_row, self.monitor)
-        if value is None:
-            raise ValueError(f'Checkpointer monitors {self.monitor!r}, but the history has only {sorted(row)}')
-        score = value if self.mode == 'min' else -value
-        score = learn.strategy.broadcast_object(
-            score
-        )  # rank 0's: every rank makes the same decision (train_loss is per rank)
-        if math.isnan(score) or (len(self.kept_best) >= self.keep_best and score >= self.kept_best[-1][0]):
-            return
-        entry = lambda name: (score, name, {k: v for k, v in row.items() if k != 'time'})
-
-        def keep(name):
-            ranked = sorted([b for b in self.kept_best if b[1] != name] + [entry(name)], key=lambda b: b[0])
-            self.kept_best = ranked[: self.keep_best]
-
-        self._save(f'best-{learn.step}.pt', keep)
-
-    def latest(self):
-        "The newest intact checkpoint this callback kept or, in a fresh process, in its folder; None if there is none."
-        files = [self._path(n) for n in self.last + [b[1] for b in self.kept_best] if file_kind(self._path(n))]
-        if files:
-            return str(max(files, key=_mtime))
-        found = _newest_readable(self.folder, warn=False)
-        return str(found) if found is not None else None
-
-    def best(self):
-        "The path of the best intact checkpoint kept, from this callback's memory or, in a fresh process, its folder."
-        kept = self._kept()['best']
-        return kept[0][1] if kept else None
-
-    def table(self):
-        "The kept checkpoints with their step, epoch and monitored value, best first (read from the folder in a fresh process)."
-        kept = self._kept()
-        rows = [{'path': p, 'kind': 'best', **r} for _, p, r in kept['best']]
-        return rows + [{'path': p, 'kind': 'last'} for p in kept['last'] if all(p != b[1] for b in kept['best'])]
-
-    def _kept(self):
-        "What this callback kept, as paths: in memory, or as the newest intact checkpoint in its folder recorded it."
-        if self.last or self.kept_best or (self.learn is not None and self.learn.fitting):
-            kept = self.state_dict()
-        else:
-            newest = _newest_readable(self.folder, warn=False)
-            state = _upgrade(read_checkpoint(newest)) if newest is not None else {'callbacks': {}}
-            found = next(
-                (st for st in state['callbacks'].values() if {'last', 'best'} <= set(st)), {'last': [], 'best': []}
-            )
-            try:
-                self.check_state(found)
-            except ValueError as e:
-                raise ValueError(f'{newest}: {e}') from None
-            kept = found
-        intact = lambda name: _readable(self._path(name))  # a deleted, corrupt or linked file is not kept
-        return {
-            'last': [str(self._path(n)) for n in kept['last'] if intact(n)],
-            'best': [(s, str(self._path(n)), r) for s, n, r in kept['best'] if intact(n)],
-        }
-
-    def state_dict(self):
-        return {
-            'last': list(self.last),
-            'best': [[s, n, dict(r)] for s, n, r in self.kept_best],
-            'evals': list(self.evals),
-        }
-
-    def check_state(self, state):
-        "The files a state keeps are names in this folder: checked, since rotation deletes the ones it drops."
-        names = [('last', n) for n in state['last']] + [('evals', n) for n in state.get('evals', ())]
-        for entry in state['best']:
-            score, name, row = entry
-            if not (isinstance(score, numbers.Real) and isinstance(row, dict)):
-                raise ValueError(f'its Checkpointer.best entry {entry!r} is not (score, name, row)')
-            names.append(('best', name))
-        for field, name in names:
-            bare_name(name, CHECKPOINT_NAME, 'the checkpoint', f'Checkpointer.{field}')
-
-    def load_state_dict(self, state):
-        self.check_state(state)
-        self.last = list(state['last'])
-        self.kept_best = [(s, n, r) for s, n, r in state['best']]
-        self.evals = list(state.get('evals', ()))
-
-    def at_step(self, step):
-        "The intact checkpoints this callback kept that were taken after the evaluation at `step`, newest kind first."
-        names = [f'eval-{step}.pt', f'best-{step}.pt']
-        return [self._path(n) for n in names if _readable(self._path(n))]
-
-# %% ../nbs/08_checkpoint.ipynb #a3cfe86f
-def _checkpointer(learn):
-    found = [cb for cb in learn.cbs if getattr(cb, 'keeps_checkpoints', False)]
-    if not found:
-        raise ValueError('this Learner has no Checkpointer callback: pass resume=<path> instead')
-    return found[0]
-
-
-@patch_to(Learner)
-@fills('resume')
-def resume(learn, checkpoint=True, allow_changes=None, lr_given=False):
-    """The Learner's `resume` hook (`fit(resume=...)`): load its `Checkpointer`'s newest intact checkpoint if it was taken
-    in this fit call, or a file; skip a call the checkpoint's run finished. A newest checkpoint that is unreadable,
-    malformed or not a file at all is skipped with a warning naming it, for the next."""
-    learn.strategy.barrier()  # every checkpoint rank 0 was writing is on disk
-    compare = not (allow_changes is True or 'calls' in (allow_changes or ()))
-    if allow_changes is not True:  # 'calls': another script's calls; the rest are parts of the configuration
-        allow_changes = tuple(c for c in allow_changes or () if c != 'calls') or None
-    record = learn.progress.calls[-1]  # this call's plan, as given: what the resumed call follows
-    if checkpoint is not True:
-        state = learn.load(checkpoint, allow_changes=allow_changes, strict=True, lr_given=lr_given)
-        learn.progress.continue_call(record)
-        return state
-    skipped = set()
-    while True:
-        path = _newest_readable(_checkpointer(learn).folder, skip=skipped) if learn.main_process else None
-        path = learn.strategy.broadcast_object(path)  # rank 0's choice: every rank resumes from the same file
-        if path is None:
-            return None  # nothing (intact) saved yet: start afresh
-        try:
-            state = read_checkpoint(path, learn.device)
-            place = _place(learn, state, path, compare)
-            if place == 'done':  # its run finished this call: nothing to train, nothing to load
-                learn.progress.skip_call()
-                learn.fit_state.end()
-            if place != 'this':
-                return None  # 'later': its run never reached this call, which starts from the state in memory
-            if 'optimizer' not in state:
-                raise BadFileError(f'{path} holds weights only: not a checkpoint a fit resumes')
-            state = load_training_state(learn, state, path, True, allow_changes, True, lr_given)
-            learn.progress.continue_call(record)
-            return state
-        except BadFileError as e:  # all or nothing: the Learner is as it was, so the next one can be tried
-            warnings.warn(f'resume=True skipped {path}: {e}', stacklevel=4)
-            skipped.add(path)
-
-
-def _place(learn, state, path, compare=True):
-    "This fit call in the run of checkpoint `state` (`FitProgress.place`): 'done', 'this' or 'later'."
-    saved = state.get('progress')
-    if not isinstance(saved, dict):
-        return 'this'  # an older format's: its fit is this one
-    with _malformed(path):
-        try:
-            learn.progress.check_state(saved)
-        except ValueError as e:
-            raise BadFileError(f'{path}: its progress state cannot be loaded: {str(e)[:300]}') from None
-        return learn.progress.place(saved, compare)
-
-
-def _mtime(path):
-    "When `path` itself (not what a link points to) was last written; -inf if it is gone."
-    try:
-        return os.lstat(path).st_mtime
-    except OSError:
-        return -math.inf
-
-
-def _newest_first(folder):
-    return sorted(Path(folder).glob('*.pt'), key=_mtime, reverse=True) if file_kind(folder) == 'folder' else []
-
-
-def _readable(path):
-    try:
-        read_checkpoint(path)
-        return True
-    except (ValueError, OSError):
-        return False
-
-
-def _newest_readable(folder, warn=True, skip=()):
-    "The newest checkpoint in `folder` that reads whole and passes its checksums; each one skipped is named in a warning."
-    for path in _newest_first(folder):
-        if path in skip:
-            continue
-        try:
-            read_checkpoint(path)
-            return path
-        except (ValueError, OSError) as e:
-            if warn:
-                warnings.warn(f'resume=True skipped {path}: {e}', stacklevel=4)
-    return None
-
-
-@patch_to(Learner)
-def load_best(learn):
-    "Load the weights of the best intact checkpoint that the Learner's `Checkpointer` kept (read from its folder if need be)."
-    best = _checkpointer(learn).best()
-    if best is None:
-        raise ValueError('the Checkpointer has kept no best checkpoint yet')
-    return learn.load(best, model_only=True)

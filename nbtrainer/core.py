@@ -82,7 +82,7 @@ def _hook(name, why):
     return HOOKS[name]
 
 
-_OWNERS = {'display': 'dashboard', 'preemption': 'preemption', 'fork_points': 'fork', 'resume': 'checkpoint'}
+_OWNERS = {'display': 'dashboard', 'preemption': 'preemption', 'fork_points': 'fork', 'resume': 'resume'}
 
 # %% ../nbs/00_core.ipynb #b32f2037
 # the event pairs, each an EventScope: (name, its cancel exception, closes on errors too)
@@ -254,7 +254,7 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
         progress, continuing = self.progress, self.progress.continuing
         plan = dict(epochs=epochs, steps=steps, steps_per_epoch=steps_per_epoch, eval_every=eval_every)
         progress.start_fit(bool(resume), **plan, eval_subset=eval_subset, lr=lr, reset_opt=reset_opt)
-        if resume:  # the hook nbtrainer.checkpoint fills: the whole state back, the fit's start and position included
+        if resume:  # the hook nbtrainer.resume fills: the whole state back, the fit's start and position included
             _hook('resume', 'fit(resume=...)')(self, resume, allow_changes=allow_changes, lr_given=lr is not None)
         if progress.done_before:
             return False  # this call's place in the script was done: it trains nothing and changes nothing

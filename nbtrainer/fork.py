@@ -11,7 +11,8 @@ __all__ = ['ForkPoints']
 import copy
 
 from .callback import Callback, Order
-from .checkpoint import load_training_state, read_checkpoint, training_state
+from .checkpoint import read_checkpoint
+from .save_load import load_training_state, training_state
 from .core import Learner, fills, patch_to
 
 # %% ../nbs/08c_fork.ipynb #9f533be2

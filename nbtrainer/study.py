@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from .callback import Callback, CancelFitException, NonFiniteLossError, Order
-from .checkpoint import Checkpointer
+from .checkpointer import Checkpointer
 from .clock import now
 from .core import Learner, patch_to
 from .distributed import broadcast_object, init_distributed, is_distributed, rank
