@@ -54,8 +54,8 @@ from nbtrainer.metrics import (
     Precision,
     Recall,
     TopKAccuracy,
-    get_metric,
 )
+from .metric_specs import get_metric
 from .layers import GhostBatchNorm
 from .precision import MixedPrecision
 from .recorder import Recorder, SkipNonFinite, monitored_value

@@ -24,7 +24,8 @@ from nbtrainer.data import (
     plain_model,
     to_device,
 )
-from .metrics import CLASS_INDEX_LOSSES, IGNORE_INDEX, Metric, example_losses
+from .metrics import IGNORE_INDEX, Metric, example_losses
+from .metric_specs import CLASS_INDEX_LOSSES
 from .rng import preserve_rng
 
 # %% ../nbs/00i_batches.ipynb #544ffa27

@@ -13,16 +13,8 @@ from pathlib import Path
 
 import torch
 
-from nbtrainer.metrics import (
-    CLASS_INDEX_LOSSES,
-    ELEMENTWISE_LOSSES,
-    class_dim,
-    describe_task,
-    is_loss_of,
-    is_multilabel,
-    loss_name,
-    metric_name,
-)
+from .metrics import class_dim, is_multilabel, metric_name
+from .metric_specs import CLASS_INDEX_LOSSES, ELEMENTWISE_LOSSES, describe_task, is_loss_of, loss_name
 
 # %% ../nbs/00e_checks.ipynb #dc764032
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)

@@ -26,7 +26,8 @@ from nbtrainer.callback import (
 )
 from .checks import check_arguments, check_loss
 from .data import as_float32, check_fit_loaders, check_loader, plain_model, resolve_device
-from .metrics import default_metrics, make_metrics, metric_name
+from .metrics import metric_name
+from .metric_specs import default_metrics, make_metrics
 from .accumulation import Accumulation
 from .fit_progress import FitProgress, TrainPass, check_plan
 from .param_groups import build_optimizer, param_groups_for, set_lrs

@@ -24,19 +24,16 @@ from nbtrainer.metrics import (
     as_float,
     class_scores,
     example_losses,
+    format_number,
     is_multilabel,
     metric_name,
     safe_ratio,
-    takes_probabilities,
 )
+from .metric_specs import takes_probabilities
 
 # %% ../nbs/09_evaluate.ipynb #9af5c16c
 def _cell(v):
-    if v is None:
-        return ''
-    if isinstance(v, float):
-        return f'{v:.4f}'
-    return str(v)
+    return '' if v is None else format_number(v)
 
 
 class Report:
@@ -93,7 +90,9 @@ class Evaluation:
         self.threshold = threshold  # multi-label: a label is predicted above it (0 for logits, 0.5 for probabilities)
 
     def __repr__(self):
-        shown = ', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}=...' for k, v in self.metrics.items())
+        shown = ', '.join(
+            f'{k}={format_number(v)}' if isinstance(v, float) else f'{k}=...' for k, v in self.metrics.items()
+        )
         return f'Evaluation({len(self.losses)} examples; {shown})'
 
     # ---- classes ----

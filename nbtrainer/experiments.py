@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .clock import wall
 from .plotting import show_figures_inline
+from .metrics import format_number
 from .recorder import monitored_value
 from .render import plain_text
 from nbtrainer.registry import (
@@ -39,11 +40,9 @@ from .runfiles import printable
 def _fmt(v):
     if v is None:
         return ''
-    if isinstance(v, float):
-        return f'{v:.4g}'
     if isinstance(v, (list, dict)):
         return json.dumps(v)
-    return str(v)
+    return format_number(v)
 
 
 def _duration(seconds):

@@ -6,11 +6,10 @@ Docs: https://nbtrainer.github.io/nbtrainer/metrics.html.md"""
 
 # %% auto #0
 __all__ = ['Metric', 'class_scores', 'Mean', 'example_losses', 'Loss', 'Perplexity', 'Accuracy', 'ExactMatch', 'TopKAccuracy',
-           'ConfusionMatrix', 'Precision', 'Recall', 'F1', 'MCC', 'MAE', 'MSE', 'RMSE', 'R2', 'FunctionMetric',
-           'get_metric']
+           'ConfusionMatrix', 'Precision', 'Recall', 'F1', 'MCC', 'MAE', 'MSE', 'RMSE', 'R2', 'FunctionMetric']
 
 # %% ../nbs/01_metrics.ipynb #dcc29123
-import math, re, warnings
+import math, numbers
 
 import torch
 import torch.nn.functional as F
@@ -586,29 +585,6 @@ class R2(_Regression):
         constant = total <= 1e-12 * y2.abs().clamp(min=1)  # a constant target: sklearn's force_finite rule
         return torch.where(constant, (sq_error <= 0).double(), 1 - sq_error / torch.where(constant, 1, total))
 
-# %% ../nbs/01_metrics.ipynb #32ec1a53
-CLASS_METRICS = ("accuracy", "top_k_accuracy", "f1", "precision", "recall", "mcc", "perplexity")
-MULTILABEL_METRICS = ("accuracy", "exact_match", "f1", "precision", "recall")
-REGRESSION_METRICS = ("mae", "mse", "rmse", "r2")
-
-
-def describe_task(pred, target):
-    "What kind of task `pred` and `target` look like, in words, and the built-in metrics that fit it."
-    if not (torch.is_tensor(pred) and torch.is_tensor(target)):
-        return f"predictions of type {type(pred).__name__} for targets of type {type(target).__name__}", ()
-    shapes = f"predictions {tuple(pred.shape)}, targets {tuple(target.shape)}"
-    binary = target.numel() > 0 and bool(((target == 0) | (target == 1)).all())  # a host read, on the error path only
-    if is_multilabel(pred, target) and binary:
-        return f"multi-label classification with {pred.shape[1]} labels ({shapes})", MULTILABEL_METRICS
-    if target.is_floating_point() and not binary:
-        return f"regression ({shapes})", REGRESSION_METRICS
-    if (pred.ndim == 1 or (pred.ndim == 2 and pred.shape[1] == 1)) and binary:
-        return f"binary classification with one output per example ({shapes})", CLASS_METRICS[:1] + CLASS_METRICS[2:6]
-    if not target.is_floating_point() and class_dim(pred, target) is not None:
-        kind = "per-token classification" if target.ndim >= 2 else "classification"
-        return f"{kind} into {pred.shape[class_dim(pred, target)]} classes ({shapes})", CLASS_METRICS
-    return f"an unrecognized layout ({shapes})", ()
-
 # %% ../nbs/01_metrics.ipynb #0eecd3a2
 class FunctionMetric(Metric):
     "`fn(preds, targets) -> number`, computed once per evaluation over all of its predictions, gathered on the device."
@@ -642,180 +618,11 @@ class FunctionMetric(Metric):
         preds = preds[keep].float() if preds.is_floating_point() else preds[keep]
         return as_float(self.fn(preds, targets[keep]))
 
-# %% ../nbs/01_metrics.ipynb #973fa8f4
-_METRICS = {
-    "accuracy": Accuracy,
-    "top_k_accuracy": TopKAccuracy,
-    "mcc": MCC,
-    "perplexity": Perplexity,
-    "exact_match": ExactMatch,
-    "mae": MAE,
-    "mse": MSE,
-    "rmse": RMSE,
-    "r2": R2,
-    "precision": Precision,
-    "recall": Recall,
-    "f1": F1,
-    **{
-        f"{cls.kind}_{avg}": (lambda cls=cls, avg=avg: cls(avg))
-        for cls in (Precision, Recall, F1)
-        for avg in ("macro", "weighted")
-    },
-}
-
-
-def _builtin_metric(spec, loss_func):
-    "A fresh built-in metric for a name or a `Metric` class; None for anything else."
-    if isinstance(spec, str):
-        if spec == "loss":
-            return Loss(loss_func or F.cross_entropy)
-        if k := re.fullmatch(r"top_(\d+)_accuracy", spec):
-            return TopKAccuracy(int(k.group(1)))
-        if spec not in _METRICS:
-            raise ValueError(
-                f"Unknown metric {spec!r}. Valid names: {', '.join(sorted([*_METRICS, 'loss']))}, or top_<k>_accuracy"
-            )
-        return _METRICS[spec]()
-    if isinstance(spec, type) and issubclass(spec, Metric):
-        return spec()
-    return None
-
-
-def _is_metric_like(obj):
-    return not isinstance(obj, type) and all(callable(getattr(obj, m, None)) for m in ("update", "compute", "reset"))
-
-
-def takes_class_probabilities(loss_func):
-    "A cross-entropy loss: targets of the predictions' shape are class probabilities (label smoothing, mixup), not labels."
-    return loss_func is F.cross_entropy or isinstance(loss_func, torch.nn.CrossEntropyLoss)
-
-
-def takes_probabilities(loss_func):
-    "A loss of probabilities (`BCELoss`), whose binary and multi-label outputs are positive above 0.5, not 0."
-    return loss_func is F.binary_cross_entropy or isinstance(loss_func, torch.nn.BCELoss)
-
-
-_TASK_PREFIX = re.compile(r"^(Binary|Multiclass|Multilabel)(?=[A-Z])")
-_PLAIN = ("accuracy", "top_{k}_accuracy")  # averaged over all examples ('micro'), they are the plain fraction right
-
-
-def described_name(metric):
-    "A name that says what another library's metric computes: `MulticlassAccuracy(average='macro')` → `accuracy_macro`."
-    kind = _TASK_PREFIX.sub("", type(metric).__name__)
-    name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", kind).lower()
-    name = re.sub(r"_score$", "", name)  # F1Score: f1, as the built-in
-    k = getattr(metric, "top_k", None)
-    if isinstance(k, int) and k > 1:
-        name = f"top_{k}_{name}"
-    if not hasattr(metric, "average"):
-        return name
-    average = metric.average
-    if average in (None, "none"):
-        return f"{name}_per_class"
-    plain = average == "micro" and re.sub(r"top_\d+_", "top_{k}_", name) in _PLAIN
-    return name if plain else f"{name}_{average}"
-
-# %% ../nbs/01_metrics.ipynb #5f3c51a7
-def get_metric(spec, loss_func=None):
-    "A metric from a name or a class (a fresh instance), a metric-like object (as is) or a function (a `FunctionMetric`)."
-    metric = _builtin_metric(spec, loss_func)
-    if metric is not None:
-        if takes_probabilities(loss_func) and hasattr(metric, 'threshold'):
-            metric.threshold = 0.5
-        if hasattr(metric, 'threshold') and takes_class_probabilities(loss_func):
-            metric.soft_targets = True
-        return metric
-    if isinstance(spec, type) and all(callable(getattr(spec, m, None)) for m in ("update", "compute", "reset")):
-        spec = spec()  # another library's metric class, e.g. torchmetrics.MeanSquaredError: a fresh instance
-    if _is_metric_like(spec):
-        if not getattr(spec, "name", None):
-            try:
-                spec.name = described_name(spec)
-            except (AttributeError, TypeError):
-                pass  # read-only or __slots__: keep it nameless
-        return spec
-    if callable(spec) and not isinstance(spec, type):
-        return FunctionMetric(spec)
-    raise TypeError(
-        f"Expected a metric name, a metric, or a function f(preds, targets), got {spec!r} ({type(spec).__name__})"
-    )
-
-# %% ../nbs/01_metrics.ipynb #6dfe6ecb
-RESERVED_COLUMNS = (
-    'epoch',
-    'batch',
-    'step',
-    'lr',
-    'lrs',
-    'loss',
-    'train_loss',
-    'valid_loss',
-    'grad_norm',
-    'skipped_steps',
-    'time',
-)
-REGRESSION_LOSSES = (F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss)
-ELEMENTWISE_LOSSES = (
-    *REGRESSION_LOSSES,
-    F.binary_cross_entropy,
-    F.binary_cross_entropy_with_logits,
-)  # pred and target alike
-CLASS_INDEX_LOSSES = (F.cross_entropy, F.nll_loss)  # targets: one class index per example (or token), int64
-_LOSS_MODULES = {
-    F.mse_loss: torch.nn.MSELoss,
-    F.l1_loss: torch.nn.L1Loss,
-    F.smooth_l1_loss: torch.nn.SmoothL1Loss,
-    F.huber_loss: torch.nn.HuberLoss,
-    F.binary_cross_entropy: torch.nn.BCELoss,
-    F.binary_cross_entropy_with_logits: torch.nn.BCEWithLogitsLoss,
-    F.cross_entropy: torch.nn.CrossEntropyLoss,
-    F.nll_loss: torch.nn.NLLLoss,
-}
-
-
-def is_loss_of(loss, kinds):
-    "Is `loss` one of the loss functions `kinds`, or an instance of their `nn` module (`F.mse_loss`: `nn.MSELoss()`)?"
-    return any(loss is f for f in kinds) or isinstance(loss, tuple(_LOSS_MODULES[f] for f in kinds))
-
-
-def loss_name(loss):
-    "A loss's name for messages: `cross_entropy`, `MSELoss`, a function's name."
-    return getattr(loss, '__name__', type(loss).__name__)
-
-
-def default_metrics(loss_func):
-    "Accuracy for a classification loss; none for a regression loss, which accuracy would only misdescribe."
-    if is_loss_of(loss_func, REGRESSION_LOSSES):
-        warnings.warn(
-            f'{loss_name(loss_func)} is a regression loss: no default '
-            'metrics (accuracy would mean nothing); pass metrics= to choose some',
-            stacklevel=3,
-        )
-        return ()
-    return ('accuracy',)
-
-
-def make_metrics(metrics, loss_func=None, device='cpu', prefix=''):
-    "Metric objects for `metrics` on `device`; the loss is always recorded; no name may collide with another column."
-    if isinstance(metrics, str) or not hasattr(metrics, '__iter__'):
-        metrics = [metrics]
-    made, names = [], set()
-    for spec in metrics:
-        if isinstance(spec, str) and spec == 'loss':
-            continue  # always recorded (and a torchmetrics `==` is no str's)
-        m = get_metric(spec, loss_func)
-        name = prefix + metric_name(m)
-        if name in RESERVED_COLUMNS or (name.startswith(('train_', 'subset_')) and not prefix) or name in names:
-            taken = ', '.join(sorted({*RESERVED_COLUMNS, *names}))
-            raise ValueError(
-                f'metric name {name!r} collides with another column of the history '
-                + (
-                    '(the loss is always recorded as train_loss and valid_loss)'
-                    if 'loss' in name
-                    else f'(taken: {taken}; train_ and subset_ are prefixes)'
-                )
-                + ': give the metric another name'
-            )
-        names.add(name)
-        made.append(m.to(device) if isinstance(m, torch.nn.Module) else m)  # e.g. torchmetrics: its states
-    return made
+# %% ../nbs/01_metrics.ipynb #6ed5fd3c
+def format_number(v):
+    "A value as a table shows it: 4 significant digits, an integer as it is, up to a million without an exponent."
+    if isinstance(v, numbers.Integral) or not isinstance(v, numbers.Real):  # a step, a count, a text
+        return str(v)
+    if math.isfinite(v) and 1e4 <= abs(v) < 1e6:
+        return f'{v:.0f}'  # .4g would write 1.235e+04
+    return f'{v:.4g}'

@@ -13,6 +13,7 @@ import math, shutil, sys
 from . import clock
 from .callback import Callback, Order
 from .data import loader_length
+from .metrics import format_number
 
 # %% ../nbs/02_progress.ipynb #cde00985
 def in_jupyter():
@@ -36,11 +37,9 @@ def format_value(key, v):
         return v
     if key == 'time':
         return f'{v:.1f}s'
-    if isinstance(v, int):
-        return f'{v}'
     if isinstance(v, (list, tuple)):
         return ' '.join(f'{x:.2g}' for x in v)
-    return f'{v:.4g}'
+    return format_number(v)
 
 
 def _width(key):

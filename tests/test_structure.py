@@ -17,6 +17,7 @@ LAYERS = {
     'data': BOTTOM,
     'rng': BOTTOM,
     'metrics': BOTTOM,
+    'metric_specs': BOTTOM,
     'layers': BOTTOM,
     'precision': MIDDLE,
     'recorder': MIDDLE,
