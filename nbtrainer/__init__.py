@@ -97,7 +97,9 @@ from .dashboard import Dashboard
 from .experiments import Run, Runs, runs
 from .mlflow_logger import MLflowLogger
 from .track import Tracker
-from .study import Choice, Fixed, Float, Int, Param, Study, StudyStopped, TrialPruned
+from .search_space import Choice, Fixed, Float, Int, Param
+from .study_trials import StudyStopped, TrialPruned
+from .study import Study
 
 __all__ = [
     'Accuracy',

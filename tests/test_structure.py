@@ -57,6 +57,10 @@ LAYERS = {
     'fork': TOP,
     'finetune': TOP,
     'fsdp': TOP,
+    'search_space': TOP,
+    'study_trials': TOP,
+    'study_table': TOP,
+    'study_plots': TOP,
     'study': TOP,
 }
 NOT_MODULES = {'__init__', '_modidx'}  # the package's front door imports everything; nbdev's index imports nothing
