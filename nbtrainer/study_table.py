@@ -12,17 +12,14 @@ import asyncio, concurrent.futures, contextvars, html, math, threading
 
 from .clock import now
 from .experiments import html_table, status_html
+from .metrics import format_number
 from .recorder import monitored_value
 from .runfiles import printable
 from .study_trials import RESUMED
 
 # %% ../nbs/19c_study_table.ipynb #255ccc1e
 def _cell(v):
-    if v is None:
-        return ''
-    if isinstance(v, float):
-        return f'{v:.4g}'
-    return str(v)
+    return '' if v is None else format_number(v)  # the one number format of every table
 
 
 def _sparkline(points, scale, span, width=90, height=18):
