@@ -44,9 +44,11 @@ def _callback_key(cb, taken):
 
 
 def _callback_keys(learn):
+    "The callbacks with a state, by key; a callback that is not a `Callback` and has no `state_dict` has none."
     keys = {}
     for cb in learn.cbs:
-        keys[_callback_key(cb, keys)] = cb
+        if callable(getattr(cb, 'state_dict', None)):
+            keys[_callback_key(cb, keys)] = cb
     return keys
 
 # %% ../nbs/08e_save_load.ipynb #25370349
