@@ -458,16 +458,21 @@ def _check_server_schema(con, url):
 
 def _create_on_server(con, url):
     "Make the tables on the server; a no-op if another process did it first."
-    with transaction(con):
-        con.execute('SELECT pg_advisory_xact_lock(?)', (_SERVER_LOCK,))
-        if _server_version(con, url) is not None:
-            return
-        for statement in _SERVER_TABLES:
-            con.execute(statement)
-        con.execute(
-            "INSERT INTO nbtrainer.meta VALUES ('application', 'nbtrainer'), ('schema_version', ?)",
-            (str(SCHEMA_VERSION),),
-        )
+    # The lock is held before the transaction begins: one begun earlier, while another process made the tables, looks
+    # them up in its catalog cache as it was then, misses them and makes them again (DuplicateTable)
+    con.execute('SELECT pg_advisory_lock(?)', (_SERVER_LOCK,))
+    try:
+        with transaction(con):
+            if _server_version(con, url) is not None:
+                return
+            for statement in _SERVER_TABLES:
+                con.execute(statement)
+            con.execute(
+                "INSERT INTO nbtrainer.meta VALUES ('application', 'nbtrainer'), ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
+            )
+    finally:
+        con.execute('SELECT pg_advisory_unlock(?)', (_SERVER_LOCK,))
 
 
 def _connect_server(url, create, readonly):

@@ -159,3 +159,52 @@ def test_a_run_on_a_server_forks_from_its_recorded_folder(postgres_server, tmp_p
         branch = run.fork(8, lambda: synth_learner(cbs=[Tracker(url)]))
     branch.fit(3, lr=0.01)
     assert runs(url)[0].parent == {'run': run.id, 'step': 8, 'uid': run.uid}
+
+
+def test_pictures_go_beside_a_registry_file_and_a_server_says_once_it_keeps_none(registry, tmp_path, monkeypatch):
+    import numpy as np
+
+    monkeypatch.chdir(tmp_path)  # a server registry writes nothing anywhere: not even here
+    db = registry()
+    image = np.zeros((4, 5, 3), dtype=np.uint8)
+    tracker = Tracker(db)
+    learn = synth_learner(cbs=[tracker])
+    learn.fit(1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        for step in (1, 2, 3):
+            tracker.log_image('sample', image, step)
+    said = [str(w.message) for w in caught if 'keeps no pictures' in str(w.message)]
+    if isinstance(db, str):  # a server URL
+        assert len(said) == 1 and 'TensorBoard and MLflow do' in said[0], said
+        assert list(tmp_path.iterdir()) == []
+    else:
+        assert said == []
+        folder = db.with_name(db.stem + '-images') / tracker.uid
+        assert sorted(p.name for p in folder.iterdir()) == ['sample-1.png', 'sample-2.png', 'sample-3.png']
+
+
+def _connect_at(url, barrier, answers):
+    barrier.wait()  # the four connect at once
+    try:
+        connect(url, create=True).close()
+        answers.put('ok')
+    except Exception as e:
+        answers.put(f'{type(e).__name__}: {e}')
+
+
+def test_processes_that_make_a_new_server_registry_at_once_all_succeed(postgres_server):
+    # each waited for the creator's lock inside a transaction begun before the tables existed, and made them again
+    # (DuplicateTable: 20 rounds of 20 failed so before the lock was taken outside the transaction)
+    import multiprocessing
+
+    fork = multiprocessing.get_context('fork')
+    for _ in range(3):
+        url, barrier, answers = postgres_server.database(), fork.Barrier(4), fork.Queue()
+        workers = [fork.Process(target=_connect_at, args=(url, barrier, answers)) for _ in range(4)]
+        for w in workers:
+            w.start()
+        said = [answers.get(timeout=120) for _ in workers]
+        for w in workers:
+            w.join(timeout=120)
+        assert said == ['ok'] * 4, said
