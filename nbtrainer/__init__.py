@@ -85,12 +85,12 @@ from .liveplot import LivePlot
 from nbtrainer.distributed import (
     init_distributed,
     is_main_process,
-    launch,
     rank,
     request_stop,
     shard_loader,
     world_size,
 )
+from .launcher import launch
 from .fsdp import FSDP, memory_per_rank
 from .control import Controls
 from .dashboard import Dashboard

@@ -71,8 +71,13 @@ class Accumulation:
         self.examples_seen = self.batch_examples if not self.backwards else self.examples_seen + self.batch_examples
         self.backwards, self.closed = self.backwards + 1, not self.accumulating
 
-    def step_due(self):
-        return self.backwards > 0 and not self.accumulating
+    def close(self, cut=False):
+        """This micro-batch is done: True when the window's step is due now, at its last micro-batch (or `cut`: the pass
+        ended inside it) if any of its micro-batches reached backward; the next micro-batch then starts a new window."""
+        if not self.backwards or (self.accumulating and not cut):
+            return False
+        self.backwards = 0
+        return True
 
     def rescale(self, model):
         "When the examples that reached backward differ from the plan, make `model`'s gradients their mean."
@@ -87,10 +92,6 @@ class Accumulation:
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         if grads:
             torch._foreach_mul_(grads, planned / seen)  # a device tensor when weighted: no sync
-
-    def stepped(self):
-        "The window's step is done: the next micro-batch starts a new window's gradients."
-        self.backwards = 0
 
     def state_dict(self):
         return {'n': self.n}  # checkpoints are taken between windows

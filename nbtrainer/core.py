@@ -344,7 +344,7 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
             else:  # the pass ran out
                 if data.batches_done == 0:
                     raise ValueError('train_dl yielded no batches: the training loader is empty')
-                if self.window.backwards:
+                if self.window.close(cut=True):
                     self._update()  # a trailing window the loader's length did not announce
                     self.zero_grad()
                 data.end()
@@ -372,7 +372,7 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
                         self.validation.add(self.loss, self.bs, self.pred, self.yb, self.weights)
                         self.update_metrics(self.metrics)
             if training:
-                if window.step_due():
+                if window.close():  # the window's last micro-batch: its step is due
                     self._update()  # before_step, clipping, update_weights, after_step
                     self.zero_grad()
                 self.strategy.end_batch(self)  # DDP: the periodic stop check
@@ -425,7 +425,6 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
                 self.progress.step += 1
         if precision.unscaled:
             precision.end_step()
-        window.stepped()
 
     # ---- validation, and the fit's evaluations ----
     def validate(self, dl=None, ema=False):

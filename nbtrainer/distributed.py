@@ -6,15 +6,14 @@ Docs: https://nbtrainer.github.io/nbtrainer/distributed.html.md"""
 
 # %% auto #0
 __all__ = ['DEFAULT_TIMEOUT', 'is_distributed', 'rank', 'world_size', 'is_main_process', 'init_distributed', 'barrier',
-           'broadcast_object', 'rank_seed', 'shard_loader', 'request_stop', 'DistributedTrainer', 'launch']
+           'broadcast_object', 'rank_seed', 'shard_loader', 'request_stop', 'DistributedTrainer']
 
 # %% ../nbs/15_distributed.ipynb #55073010
-import atexit, codecs, datetime, inspect, io, os, pickle, random, re, select, socket, sys, time, warnings, weakref
+import atexit, datetime, inspect, os, random, sys, time, warnings, weakref
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import multiprocessing as mp
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
@@ -53,7 +52,7 @@ def init_distributed(backend=None, timeout=None):
         return
     if 'RANK' not in os.environ or 'WORLD_SIZE' not in os.environ:
         raise RuntimeError(
-            'no process group to join: start the script with torchrun, or call nbtrainer.distributed.launch() '
+            'no process group to join: start the script with torchrun, or call nbtrainer.launch() '
             'from a notebook (RANK and WORLD_SIZE are not set)'
         )
     backend = backend or ('nccl' if torch.cuda.is_available() else 'gloo')
@@ -523,225 +522,3 @@ class DistributedTrainer(SingleProcess, name='ddp'):
             self._signal_agreed = signum  # Preemption saves and stops at the next step boundary
         elif stop:
             raise CancelFitException()
-
-# %% ../nbs/15_distributed.ipynb #6212ae61
-_CUDA_ERROR = (
-    'CUDA was initialised in this kernel before launch(): worker processes forked from it cannot use CUDA. '
-    'Restart the kernel and call launch() before anything touches the GPU (no .cuda() / .to("cuda") and no '
-    'torch.cuda calls in the notebook itself: do them inside train_fn), or run the code as a script with torchrun.'
-)
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-# %% ../nbs/15_distributed.ipynb #60728aa3
-def _leave_jupyter():
-    "In a worker: text progress bars and no inline display, since only the kernel process can talk to the notebook."
-    import tqdm.std, types
-
-    class OneLine(tqdm.std.tqdm):
-        "A text bar on the output's one line: a cell does not render the cursor moves of stacked bars."
-
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **{**kwargs, 'position': 0})
-
-    sys.modules['tqdm.auto'] = types.SimpleNamespace(tqdm=OneLine)  # what `from tqdm.auto import tqdm` finds
-    if 'IPython' in sys.modules:
-        from IPython.core.interactiveshell import InteractiveShell
-
-        InteractiveShell.clear_instance()
-
-# %% ../nbs/15_distributed.ipynb #790a06ad
-def _unprefixed(key):
-    while key.startswith(('module.', '_orig_mod.')):
-        key = key.split('.', 1)[1]
-    return key
-
-
-def plain_result(value):
-    "Rank 0's result as `launch` returns it: a state_dict in it (tensors by name) without DDP's `module.` prefixes."
-    if (
-        isinstance(value, dict)
-        and value
-        and all(isinstance(k, str) and k.startswith(('module.', '_orig_mod.')) for k in value)
-        and all(isinstance(v, torch.Tensor) for v in value.values())
-    ):
-        return type(value)((_unprefixed(k), v) for k, v in value.items())
-    if type(value) in (list, tuple, dict):
-        items = value.items() if type(value) is dict else enumerate(value)
-        plain = {k: plain_result(v) for k, v in items}
-        return plain if type(value) is dict else type(value)(plain.values())
-    return value
-
-
-def _worker(rank_, world, port, backend, timeout, threads, out, result, payload):
-    fd = out.fileno()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    sys.stdout = io.open(1, 'w', buffering=1, encoding='utf-8', errors='replace', closefd=False)
-    sys.stderr = io.open(2, 'w', buffering=1, encoding='utf-8', errors='replace', closefd=False)
-    _leave_jupyter()
-    os.environ.update(
-        MASTER_ADDR='127.0.0.1',
-        MASTER_PORT=str(port),
-        RANK=str(rank_),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank_),
-        LOCAL_WORLD_SIZE=str(world),
-    )
-    if threads:
-        torch.set_num_threads(threads)
-    fn, args, kwargs = payload if isinstance(payload, tuple) else _loads(payload)
-    try:
-        init_distributed(backend, timeout)
-        barrier()  # every rank has connected before any runs `fn`: one that fails at once cannot cut a setup short
-        value = plain_result(fn(*args, **kwargs))  # a DDP model's state_dict: the plain model's keys
-        if rank_ == 0:
-            try:
-                result.send_bytes(pickle.dumps(value))  # by value: the worker's shared memory ends with it
-            except Exception as e:
-                raise TypeError(
-                    f'launch() returns rank 0\'s result by pickling it, and this failed: {e}. '
-                    'Return plain data (history, metrics, a state_dict), not a Learner'
-                ) from e
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if is_distributed():
-            dist.destroy_process_group()
-
-# %% ../nbs/15_distributed.ipynb #9d702629
-def _dumps(obj):
-    try:
-        import cloudpickle
-    except ImportError:
-        import pickle as cloudpickle  # then train_fn must be importable (defined in a module)
-    return cloudpickle.dumps(obj)
-
-
-def _loads(data):
-    return pickle.loads(data)
-
-# %% ../nbs/15_distributed.ipynb #5334febf
-def launch(train_fn, nprocs=2, args=(), kwargs=None, timeout=None, backend=None, threads=1, start_method=None):
-    "Run `train_fn(*args, **kwargs)` in `nprocs` processes joined in a process group; stream rank 0's output, return its result."
-    if torch.cuda.is_initialized():
-        raise RuntimeError(_CUDA_ERROR)
-    if is_distributed():
-        raise RuntimeError('launch() starts its own process group: call it from a process that is not in one')
-    if not (isinstance(nprocs, int) and nprocs >= 1):
-        raise ValueError(f'nprocs must be an int >= 1, got {nprocs!r}')
-    method = start_method or ('fork' if 'fork' in mp.get_all_start_methods() else 'spawn')
-    ctx = mp.get_context(method)
-    payload = (train_fn, tuple(args), dict(kwargs or {}))
-    if method != 'fork':
-        payload = _dumps(payload)  # by value (cloudpickle), so functions defined in a notebook work
-    timeout = timeout or DEFAULT_TIMEOUT
-    port, procs, outs = _free_port(), [], []
-    result_r, result_w = ctx.Pipe(duplex=False)
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            'ignore', message='.*use of fork\\(\\) may lead to deadlocks.*'
-        )  # see the notebook: fork is the point
-        for r in range(nprocs):
-            out_r, out_w = ctx.Pipe(duplex=False)
-            p = ctx.Process(
-                target=_worker,
-                name=f'nbtrainer-rank{r}',
-                daemon=False,  # daemons may not start loader workers
-                args=(r, nprocs, port, backend, timeout, threads, out_w, result_w if r == 0 else None, payload),
-            )
-            p.start()
-            out_w.close()
-            procs.append(p)
-            outs.append(out_r)
-    result_w.close()
-    try:
-        return _supervise(procs, outs, result_r, timeout)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(5)
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-
-# %% ../nbs/15_distributed.ipynb #2c9d1264
-def _supervise(procs, outs, result_r, timeout):
-    "Stream rank 0's output, keep the others' tails, and stop everything as soon as one rank fails."
-    streams = {o.fileno(): r for r, o in enumerate(outs)}
-    decoders = [codecs.getincrementaldecoder('utf-8')('replace') for _ in outs]
-    tails, result, got = [''] * len(outs), None, False
-    while True:
-        watch = list(streams) + ([result_r.fileno()] if not got else [])
-        ready = select.select(watch, [], [], 0.1)[0] if watch else []
-        for fd in ready:
-            if fd == result_r.fileno():
-                try:
-                    result, got = pickle.loads(result_r.recv_bytes()), True
-                except EOFError:
-                    got = True  # rank 0 ended without a result: its exit code says why
-                continue
-            r, data = streams[fd], os.read(fd, 65536)
-            if not data:
-                del streams[fd]
-                continue
-            text = decoders[r].decode(data)
-            if r == 0:
-                sys.stdout.write(text)
-                sys.stdout.flush()
-            tails[r] = (tails[r] + text)[-4000:]
-        codes = [p.exitcode for p in procs]
-        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-        if failed:
-            _drain(streams, decoders, tails)
-            raise RuntimeError(_failure_report(procs, _cause(failed, tails), tails, timeout))
-        if all(c == 0 for c in codes) and not ready:
-            if not got:  # the result may still be in the pipe
-                if result_r.poll(0.5):
-                    continue
-                raise RuntimeError('rank 0 ended without returning a result')
-            return result
-
-# %% ../nbs/15_distributed.ipynb #3660d14a
-def _drain(streams, decoders, tails):
-    "Read what the ranks wrote before they stopped, so that a report quotes their last lines."
-    while streams and (ready := select.select(list(streams), [], [], 0.2)[0]):
-        for fd in ready:
-            data = os.read(fd, 65536)
-            if data:
-                tails[streams[fd]] = (tails[streams[fd]] + decoders[streams[fd]].decode(data))[-4000:]
-            else:
-                del streams[fd]
-
-
-_PEER_GONE = re.compile(r'(closed|reset) by peer|remote worker crash', re.IGNORECASE)  # gloo's words for a lost peer
-
-
-def _cause(failed, tails):
-    "Of the (rank, exit code)s seen failed in one look, the first whose output does not say a peer vanished."
-    return next((f for f in failed if not _PEER_GONE.search(tails[f[0]])), failed[0])
-
-
-def _failure_report(procs, first, tails, timeout):
-    "Name the rank to blame: one that died, or one that hung while another timed out waiting for it."
-    r, code = first
-    alive = [i for i, p in enumerate(procs) if p.exitcode is None]
-    for p in procs:
-        if p.exitcode is None:
-            p.terminate()  # the watchdog: no rank waits on a dead peer
-    waited = re.search(r'timed? ?out|timeout', tails[r], re.IGNORECASE)
-    if waited and alive:  # r gave up waiting in a collective for ranks that were still running: those hung
-        hung = ', '.join(map(str, alive))
-        return (
-            f'rank {hung} hung: it was still running, without answering, when rank {r} timed out waiting for it in '
-            f'a collective (after {timeout:g} s). Look at what rank {hung} was doing; its output ended with:\n'
-            f'{tails[alive[0]][-1500:]}\n'
-            f'rank {r} exited with code {code}; its output ended with:\n{tails[r][-1500:]}'
-        )
-    return f'rank {r} exited with code {code}; the other ranks were stopped. Its output ended with:\n{tails[r][-2000:]}'

@@ -1,6 +1,6 @@
 """Distributed data-parallel training on 2 CPU processes (gloo), checked against one process and hand-written references.
 
-Each test starts its workers with `nbtrainer.distributed.launch` (fork), except the kill test, which runs the worker
+Each test starts its workers with `nbtrainer.launcher.launch` (fork), except the kill test, which runs the worker
 script the way torchrun would (environment variables) so that no watchdog helps the surviving rank.
 """
 
@@ -669,7 +669,7 @@ def test_launch_from_a_notebook_run_by_nbclient(tmp_path, monkeypatch):
     from nbclient import NotebookClient
 
     cells = [
-        'import torch\nfrom nbtrainer.distributed import launch, rank, world_size',
+        'import torch\nfrom nbtrainer.distributed import rank, world_size\nfrom nbtrainer.launcher import launch',
         # defined in the notebook's __main__: fork makes it available to the workers
         'def train(n):\n    print(f"rank {rank()} of {world_size()} says hello")\n    return rank() * 10 + n',
         'result = launch(train, nprocs=2, args=(7,))\nassert result == 7\nprint("result", result)',

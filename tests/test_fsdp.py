@@ -1,6 +1,6 @@
 """FSDP2 (`strategy='fsdp'`) on 2 CPU processes (gloo), checked against one process and hand-written references.
 
-The workers start with `nbtrainer.distributed.launch` (fork), except the kill-and-resume test, which runs
+The workers start with `nbtrainer.launcher.launch` (fork), except the kill-and-resume test, which runs
 tests/fsdp_worker.py as torchrun would (environment variables) and kills it for real.
 """
 

@@ -42,6 +42,7 @@ LAYERS = {
     'lr_finder': TOP,
     'liveplot': TOP,
     'distributed': TOP,
+    'launcher': TOP,
     'control': TOP,
     'dashboard': TOP,
     'dashboard_controls': TOP,

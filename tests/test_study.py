@@ -171,7 +171,7 @@ def one_trial_job(db, name='ddp', stop=False):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_one_torchrun_job_per_trial(tmp_path):
-    from nbtrainer.distributed import launch
+    from nbtrainer.launcher import launch
     from nbtrainer.study import STOP_MESSAGE, Study
 
     db = tmp_path / 'runs.db'
