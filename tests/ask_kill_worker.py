@@ -17,7 +17,7 @@ from nbtrainer import registry
 from nbtrainer.study import Float, Int, Study
 from nbtrainer.testing import synth_learner
 
-NAME, TRIALS, FIT = 'kills', 4, dict(steps=4, eval_every=2)
+NAME, TRIALS, FIT = 'kills', 3, dict(steps=4, eval_every=2)
 SPACE = dict(lr=Float(1e-3, 0.3, log=True, role='scientific'), width=Int(1, 9))
 WRITES = (
     'create_new_trial', 'set_trial_param', 'set_trial_state_values', 'set_trial_intermediate_value',
