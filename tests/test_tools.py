@@ -32,3 +32,24 @@ def test_each_notebook_runs_alone_and_every_failure_is_reported(tmp_path):
         assert any(line.startswith(word) and name in line for line in lines), (name, run.stdout)
     assert 'a failing cell' in run.stdout
     assert [line for line in lines if line.startswith('failed: ')] == [f'failed: {failing} (run: nbdev-test {failing})']
+
+
+def test_the_long_test_files_are_collected_first():
+    "conftest's order: files with `slow` tests, then process-group, kernel and browser ones, then the rest, each whole."
+    run = subprocess.run(
+        [sys.executable, '-m', 'pytest', 'tests', '--collect-only', '-q', '-p', 'no:cacheprovider'],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    files = [line.split('::')[0] for line in run.stdout.splitlines() if '::' in line]
+    order = list(dict.fromkeys(files))
+    assert len(order) == len(set(order)), 'a file split in two'  # each file's tests together
+    sources = {f: (ROOT / f).read_text() for f in order}
+    rank = [
+        0
+        if 'mark.slow' in sources[f]
+        else 1
+        if any(f'mark.{m}' in sources[f] for m in ('ui', 'kernel', 'distributed'))
+        else 2
+        for f in order
+    ]
+    assert rank == sorted(rank), list(zip(order, rank))
