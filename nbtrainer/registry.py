@@ -9,12 +9,12 @@ __all__ = ['APPLICATION_ID', 'SCHEMA_VERSION', 'BUSY_TIMEOUT', 'DIED_AFTER_BEATS
 
 # %% ../nbs/18_registry.ipynb #a4cad66c
 import functools, json, math, os, re, shutil, sqlite3, urllib.parse, uuid, warnings
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, suppress
 from pathlib import Path
 
 import torch
 
-from .runfiles import UnsafeFileError, file_kind, printable
+from .runfiles import UnsafeFileError, file_kind, printable, rename_new
 
 # %% ../nbs/18_registry.ipynb #7abb6940
 APPLICATION_ID = 0x6E627472  # 'nbtr' in SQLite's header: this file is an nbtrainer experiment database
@@ -243,6 +243,20 @@ def _create(con):
         con.execute(f'PRAGMA application_id = {APPLICATION_ID}')
         con.execute(f'PRAGMA user_version = {SCHEMA_VERSION}')
 
+
+def _make_file(path):
+    "Make the new registry `path` whole, aside; if another process made it first, theirs is kept."
+    tmp = path.with_name(f'.{path.name}.{uuid.uuid4().hex}.new')
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # exclusive; the umask's mode, as SQLite's
+    try:
+        with database_errors(path), closing(_Connection(sqlite3.connect(tmp, isolation_level=None), path)) as con:
+            _create(con)  # closing the only connection folds the WAL into the file and removes it
+        with suppress(FileExistsError):
+            rename_new(tmp, path)
+    finally:
+        with suppress(FileNotFoundError):
+            os.unlink(tmp)
+
 # %% ../nbs/18_registry.ipynb #91da253f
 _BESIDE = ('-journal', '-wal', '-shm')  # SQLite's files beside a database
 
@@ -372,8 +386,9 @@ def connect(db, create=False, readonly=False):
         return _connect_server(path, create, readonly)
     if not create and file_kind(path) is None:
         raise FileNotFoundError(f'no experiment database at {path}')
-    if create:
+    if create and file_kind(path) is None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        _make_file(path)
     _check_files(path, write=not readonly)
     if file_kind(path) is not None:  # checked read-only first: SQLite opens it for writing only once it is known
         with database_errors(path):

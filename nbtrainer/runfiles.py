@@ -158,6 +158,36 @@ def atomic_write(path, mode='wb', **kwargs):
             raise
         sync_folder(path.parent)
 
+# %% ../nbs/00h_runfiles.ipynb #3e45784f
+_AT_FDCWD, _RENAME_NOREPLACE = -100, 1
+
+
+@cache
+def _renameat2():
+    "Linux's `renameat2` (None elsewhere, or in a libc without it)."
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError, TypeError):
+        return None
+
+
+def rename_new(src, dst):
+    """Move `src` to the free name `dst` atomically; `FileExistsError` if `dst` exists (then `src` stays). Where
+    `renameat2` is missing or the file system lacks it: a hard link, then `src` unlinked."""
+    renameat2 = _renameat2()
+    if renameat2 is not None:
+        import ctypes
+
+        if renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EINVAL):  # EINVAL: this file system has no RENAME_NOREPLACE
+            raise OSError(err, os.strerror(err), str(dst))  # EEXIST becomes FileExistsError
+    os.link(src, dst)  # for a moment `dst` has two links: a writer that opens it then is refused, never misled
+    os.unlink(src)
+
 # %% ../nbs/00h_runfiles.ipynb #6de27dc6
 def _unreadable(path, why):
     return BadFileError(
