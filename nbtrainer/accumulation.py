@@ -71,12 +71,18 @@ class Accumulation:
         self.examples_seen = self.batch_examples if not self.backwards else self.examples_seen + self.batch_examples
         self.backwards, self.closed = self.backwards + 1, not self.accumulating
 
-    def close(self, cut=False):
-        """This micro-batch is done: True when the window's step is due now, at its last micro-batch (or `cut`: the pass
-        ended inside it) if any of its micro-batches reached backward; the next micro-batch then starts a new window."""
+    def close(self, model, backward=False, cut=False):
+        """This micro-batch is done (`backward`: it reached backward, so its examples count). True when the window's step
+        is due now, at its last micro-batch (or `cut`: the pass ended inside it) if any of its micro-batches reached
+        backward: `model`'s gradients are then the mean over the examples seen, and the next micro-batch starts a new
+        window."""
+        if backward:
+            self.add_backward()
         if not self.backwards or (self.accumulating and not cut):
             return False
         self.backwards = 0
+        if self.examples_seen is not self.step_examples:
+            self.rescale(model)  # the plan was an estimate
         return True
 
     def rescale(self, model):

@@ -19,7 +19,6 @@ from nbtrainer.data import (
     as_float32,
     batch_size,
     inputs_and_target,
-    model_prediction,
     no_target_message,
     plain_model,
     to_device,
@@ -40,26 +39,33 @@ class BatchReader:
     def _read_batch(self, batch):
         "The batch on the device, split into `xb`, `yb`, `weights`, `tokens` and `bs` (what the loss averages over)."
         x, y = batch if self._read_pairs and type(batch) in (tuple, list) and len(batch) == 2 else (None, None)
-        if type(x) is torch.Tensor and type(y) is torch.Tensor and y.ndim == 1:  # (inputs, labels): read in place
-            device = self.device
+        if type(x) is torch.Tensor and type(y) is torch.Tensor and (y.ndim == 1 or y.is_floating_point() and y.ndim):
+            device = self.device  # (inputs, labels) or (inputs, real targets): read in place, no tokens to count
             if x.device != device or y.device != device:  # a CPU loader's batch for a model on a GPU: moved first
                 x, y = to_device(x, device), to_device(y, device)
                 batch = type(batch)((x, y))
-            self.batch, self.xb, self.yb, self.tokens = batch, (x,), y, None
-            self.weights = weights = self.strategy.mask_padding(self, None)  # DDP: a repeated example, weight 0
-            self.bs = y.shape[0] if weights is None else weights.sum()
-            return
-        self.batch = to_device(batch, self.device)
-        self.xb, self.yb = self.split_batch(self.batch)
-        self.weights = self.strategy.mask_padding(self, self.batch_weights(self.batch))
-        self.tokens = self.target_tokens()
+            self.batch, self.xb, self.yb, self.weights, self.tokens, examples = batch, (x,), y, None, None, y.shape[0]
+        else:
+            self.batch = batch = to_device(batch, self.device)
+            self.xb, self.yb = self.split_batch(batch)
+            self.weights, self.tokens, examples = self.batch_weights(batch), self.target_tokens(), None
+        padding = self.strategy.padding[self.training]  # DDP: (batch, row) of the example its sampler repeated
+        if padding is not None and self.iter == padding[0]:
+            self.weights = self._without_example(padding[1])  # it counts nowhere
         # what the loss averages over: examples (an int, or a device tensor when weighted) or tokens (a device tensor)
         if self.tokens is not None:
             self.bs = (self.tokens if self.weights is None else self.tokens * self.weights).sum()
         elif self.weights is not None:
             self.bs = self.weights.sum()
         else:
-            self.bs = batch_size(self.yb if self.yb is not None else self.xb)
+            self.bs = examples if examples is not None else batch_size(self.yb if self.yb is not None else self.xb)
+
+    def _without_example(self, row):
+        "This batch's weights (all 1 if it has none) with the example at `row` at 0."
+        n = batch_size(self.yb if self.yb is not None else self.xb)
+        weights = torch.ones(n, device=self.device) if self.weights is None else self.weights.clone()
+        weights[row] = 0
+        return weights
 
     def _plain_batches(self):
         "Do the Learner's own methods read batches, so that `_read_batch` may read a plain pair in place?"
@@ -94,38 +100,29 @@ class BatchReader:
         return (y != self._ignore_index()).flatten(1).sum(1).float()  # on the device: no sync
 
     # ---- what the loss and the metrics pair ----
-    def predict(self):
-        "The model's output for `learn.xb` in `learn.model_output`, and the prediction in it in `learn.pred`."
-        out = self.model(**self.xb) if isinstance(self.xb, dict) else self.model(*self.xb)
-        self.model_output = out
-        self.pred = out if isinstance(out, torch.Tensor) else model_prediction(out, self.pred_key)
-
-    def get_loss(self):
-        "The batch's mean loss, in `learn.loss`: the model's own if its output carries one, else `loss_func`'s (weighted)."
+    def _other_loss(self):
+        "The loss of a batch `Learner.get_loss` does not compute itself: the model's own, a weighted mean, no target."
         out = self.model_output
-        if out is self.pred and self.weights is None and self.yb is not None and self.loss_func is not None:
-            self.loss = self.loss_func(self.pred, self.yb)  # the usual case, tested first
-        elif out is not self.pred and (loss := _own_loss(out)) is not None:
-            self.loss = loss  # the model's own
-        elif self.weights is not None:  # padding: the weighted mean of per-example losses, no sync
+        if out is not self.pred and (loss := _own_loss(out)) is not None:
+            return loss  # the model's own
+        if self.weights is not None:  # padding: the weighted mean of per-example losses, no sync
             losses = example_losses(self.loss_func, self.pred, self.yb)
             if self.tokens is not None:
                 losses = losses * self.yb[0].numel()  # each example's sum over its tokens
-            self.loss = (losses * self.weights).sum() / self.bs.clamp(min=1e-12)  # bs: the weights' (or tokens') sum
-        elif self.loss_func is None:
+            return (losses * self.weights).sum() / self.bs.clamp(min=1e-12)  # bs: the weights' (or tokens') sum
+        if self.loss_func is None:
             raise ValueError(
                 'loss_func is None and the model gives no loss of its own (no `loss` in its output): pass '
                 'loss_func= (e.g. F.cross_entropy), or a batch with labels the model takes, so it computes one'
             )
-        elif self.yb is not None:
-            self.loss = self.loss_func(self.pred, self.yb)
-        else:
-            try:
-                self.loss = self.loss_func(self.pred)
-            except TypeError as e:  # a loss that needs targets, and batches that have none
-                if not self._check_next:
-                    raise
-                raise ValueError(no_target_message(self.batch, self.target_keys)) from e
+        if self.yb is not None:
+            return self.loss_func(self.pred, self.yb)
+        try:
+            return self.loss_func(self.pred)
+        except TypeError as e:  # a loss that needs targets, and batches that have none
+            if not self._check_next:
+                raise
+            raise ValueError(no_target_message(self.batch, self.target_keys)) from e
 
     def _model_loss(self):
         "Does the model compute the loss itself (a Hugging Face model given its labels)?"

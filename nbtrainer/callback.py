@@ -1,4 +1,4 @@
-"""The vocabulary of the loop: the events a fit fires, the exceptions that cancel part of it, the `Callback` base class, the dispatch tables built from a list of callbacks, the host that fires them, and the one shape of every event pair.
+"""The vocabulary of the loop: the events a fit fires, the exceptions that cancel part of it, the `Callback` base class, and the dispatch tables built from a list of callbacks.
 
 Docs: https://nbtrainer.github.io/nbtrainer/callback.html.md"""
 
@@ -8,12 +8,9 @@ Docs: https://nbtrainer.github.io/nbtrainer/callback.html.md"""
 __all__ = ['CANCEL_EXCEPTIONS', 'SCOPES', 'EVENTS', 'BATCH_EVENTS', 'CancelFitException', 'CancelEpochException',
            'CancelTrainException', 'CancelValidateException', 'CancelBatchException', 'CancelStepException',
            'CancelBackwardException', 'PreemptedException', 'NonFiniteLossError', 'Order', 'Callback',
-           'FunctionCallback', 'dispatch_tables', 'CallbackHost', 'EventScope']
+           'FunctionCallback', 'dispatch_tables']
 
 # %% ../nbs/00a_callback.ipynb #098e3d06
-import types
-
-
 class CancelFitException(Exception):
     "Skip the rest of `fit`; the message, if any, says why (it shows where the fit's ending is reported)."
 
@@ -197,136 +194,3 @@ def dispatch_tables(cbs, main_process=True):
 def add_note(exc, msg):
     "Attach `msg` to the traceback of `exc` (Python 3.11+; a no-op before)."
     getattr(exc, 'add_note', lambda _: None)(msg)
-
-# %% ../nbs/00a_callback.ipynb #d2338086
-class CallbackHost:
-    "What callbacks attach to (the Learner is one): `add_cbs`, `remove_cbs`, and events fired from per-phase tables."
-
-    main_process = True  # under DDP, a host on another rank leaves out `main_process_only` callbacks
-
-    def __init__(self, cbs=(), scopes=()):
-        "`scopes`: each event pair's (name, its cancel exception, whether it closes on errors too): EventScopes."
-        self.cbs, self.training, self._dispatch = [], False, types.SimpleNamespace(tables=dispatch_tables([]))
-        for name, cancel, always in scopes:
-            setattr(self._dispatch, name, EventScope(self, name, cancel, always))
-        self._events = self._dispatch.tables[False]  # the phase's table: who hears each event now
-        self.add_cbs(cbs)
-
-    def add_cbs(self, cbs):
-        "Attach callbacks (instances, or classes to instantiate); returns the instances."
-        added = [as_callback(cb) for cb in cbs]
-        for cb in added:
-            cb.learn = self
-        self.cbs.extend(added)
-        self._rebuild_dispatch()
-        return added
-
-    def remove_cbs(self, cbs):
-        "Detach callbacks."
-        for cb in cbs:
-            if cb in self.cbs:
-                self.cbs.remove(cb)
-        self._rebuild_dispatch()
-
-    def _rebuild_dispatch(self):
-        self._dispatch.tables = dispatch_tables(self.cbs, self.main_process)
-        self._events = self._dispatch.tables[self.training]
-
-    def _set_phase(self, training):
-        "Enter the training or the validation phase: the dispatch table switches with it."
-        self.training, self._events = training, self._dispatch.tables[training]
-
-    def __call__(self, event):
-        "Fire `event`: run the callbacks listening to it in this phase."
-        for cb, method in self._events[event]:
-            try:
-                method()
-            except CANCEL_EXCEPTIONS:
-                raise
-            except Exception as e:
-                add_note(e, f'raised in callback {type(cb).__name__} during {event}')
-                raise
-
-    def _fire_all(self, event):
-        "Fire `event` on every callback even if some raise (cleanup must reach them all), then raise the first error."
-        first = None
-        for cb, method in self._events[event]:
-            try:
-                method()
-            except Exception as e:
-                add_note(e, f'raised in callback {type(cb).__name__} during {event}')
-                first = first or e
-        if first is not None:
-            raise first
-
-# %% ../nbs/00a_callback.ipynb #f28825b1
-class EventScope:
-    "An event pair around a block: `before_<name>` on entering; on leaving `after_cancel_<name>` if cancelled, `after_<name>`"
-
-    def __init__(self, host, name, cancel, always=False):
-        self.host, self.cancel, self.always, self.last = host, cancel, always, None  # last(exc): before closing
-        self.before, self.after, self.after_cancel = 'before_' + name, 'after_' + name, 'after_cancel_' + name
-        self.cancels = []  # each block under way: the cancel that ended it early (None: none yet)
-        self.cancellable = _Cancellable(self)
-
-    def __enter__(self):
-        "Fire `before_<name>`: True, or False if a callback cancelled the block there (it still closes)."
-        self.cancels.append(None)
-        if not self.host._events[self.before]:
-            return True
-        try:
-            self.host(self.before)
-        except self.cancel as e:
-            self.cancels[-1] = e
-            return False
-        except BaseException as e:
-            if not self.always:
-                self.cancels.pop()
-                raise
-            self.__exit__(type(e), e, e.__traceback__)  # the fit closes on an error in before_fit too
-            raise
-        return True
-
-    def __exit__(self, kind, exc, tb):
-        host, held = self.host, self.cancels.pop()
-        error = kind is not None and not issubclass(kind, self.cancel)
-        if error and not self.always:
-            return False  # an error, or an outer scope's cancel: not this scope's
-        cancelled = kind is not None or held is not None
-        if self.last is not None:
-            self.last(exc if exc is not None else held)
-        if not self.always:
-            if cancelled:
-                host(self.after_cancel)
-            if host._events[self.after]:
-                host(self.after)
-            return True
-        first = None  # every callback gets the closing events, even if some raise in them
-        for event in (self.after_cancel, self.after)[0 if cancelled else 1 :]:
-            try:
-                host._fire_all(event)
-            except Exception as e:
-                first = first or e
-        if error:
-            if first is not None:
-                add_note(exc, f'while cleaning up, {type(first).__name__}: {first}')
-            return False
-        if first is not None:
-            raise first
-        return True
-
-
-class _Cancellable:
-    "The scope's cancel ends this inner block only: the scope records it, and the rest of the outer block runs."
-
-    def __init__(self, scope):
-        self.scope = scope
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        if kind is None or not issubclass(kind, self.scope.cancel):
-            return False
-        self.scope.cancels[-1] = exc
-        return True

@@ -6,7 +6,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/distributed.html.md"""
 
 # %% auto #0
 __all__ = ['DEFAULT_TIMEOUT', 'is_distributed', 'rank', 'world_size', 'is_main_process', 'init_distributed', 'barrier',
-           'broadcast_object', 'rank_seed', 'shard_loader', 'request_stop', 'DistributedTrainer']
+           'broadcast_object', 'rank_seed', 'shard_loader', 'request_stop', 'DistributedTrainer', 'DistributedWindow']
 
 # %% ../nbs/15_distributed.ipynb #55073010
 import atexit, datetime, inspect, os, random, sys, time, warnings, weakref
@@ -18,8 +18,8 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
 from .callback import CancelFitException, NonFiniteLossError
-from .data import batch_size
 from .metrics import state_leaves
+from .accumulation import Accumulation
 from .strategy import SingleProcess
 
 # %% ../nbs/15_distributed.ipynb #34a93be5
@@ -322,7 +322,7 @@ class DistributedTrainer(SingleProcess, name='ddp'):
         if not (isinstance(check_every, int) and check_every > 0):
             raise ValueError(f'check_every must be an int > 0, got {check_every!r}')
         self.sync_bn, self.check_every, self.stop_requested = sync_bn, check_every, False
-        self.train_pad = self.valid_pad = self.eval_rows = None
+        self.padding, self.eval_rows = {True: None, False: None}, None  # padding: per phase, the repeated example
         self._since_check, self._signal_seen, self._signal_agreed = 0, 0, None  # a preemption signal: here, and agreed
         self._sharded = weakref.WeakKeyDictionary()  # evaluation loader -> its shard
 
@@ -337,7 +337,7 @@ class DistributedTrainer(SingleProcess, name='ddp'):
         self.seed = broadcast_object(torch.initial_seed())  # rank 0's: one shuffle seed for every rank's sampler
         model = self.wrap(model, device, precision)
         train_dl = shard_loader(train_dl, seed=self.seed)
-        self.train_pad = padded_position(train_dl)
+        self.padding[True] = padded_position(train_dl)
         seed_rank_streams(self.seed, self.rank)  # after the model exists: same init everywhere, distinct augmentation
         return model, train_dl
 
@@ -388,46 +388,22 @@ class DistributedTrainer(SingleProcess, name='ddp'):
         sync_batchnorm_stats(learn.model)  # a collective if the model has BatchNorm
         hold_training_stats_on_rank_0(learn)
 
-    def mask_padding(self, learn, weights):
-        "The example the sampler repeated to even out the ranks gets weight 0, and counts nowhere."
-        self._user_weights = weights is not None  # the user's own weights: only an all-reduce can count them
-        pad = self.train_pad if learn.training else self.valid_pad
-        if pad is None or learn.iter != pad[0]:
-            return weights
-        n = batch_size(learn.yb if learn.yb is not None else learn.xb)
-        w = torch.ones(n, device=learn.device) if weights is None else weights.clone()
-        w[pad[1]] = 0
-        return w
+    def window(self, learn, n):
+        return DistributedWindow(n, self, learn)
 
-    def count_examples(self, learn):
-        "Make the step's and the batch's example counts global, divided by the world size: DDP averages the ranks' gradients."
-        window, dl = learn.window, learn.train_dl
-        if self._compare_first_batch:
-            self._warn_if_not_sharded(learn.batch)
-        self.sync_gradients(learn, not window.accumulating)  # no_sync inside a window
-        if self._global_sizes and not self._user_weights and learn.tokens is None:  # from the sampler: no communication
-            window.batch_examples = global_batch_size(dl, learn.iter) / self.world
-            if window.index == 0:
-                window.step_examples = (
-                    sum(global_batch_size(dl, i) for i in range(learn.iter, learn.iter + window.size)) / self.world
-                )
-            return
-        total = torch.as_tensor(learn.bs, dtype=torch.float32, device=learn.device).reshape(1).clone()
-        dist.all_reduce(total)  # one scalar per micro-batch, on the device: no host sync
-        window.batch_examples = total[0] / self.world
-        if window.size == 1:
-            window.step_examples = window.batch_examples  # exact; longer windows are corrected at the step
+    def callbacks(self):
+        return (_StopCheck(self),)
 
     def eval_loader(self, learn, dl):
         "A shard of an evaluation `DataLoader`, whose metric states are summed over the ranks at its end."
         sync_batchnorm_stats(learn.model)  # every rank evaluates (and checkpoints) the same model
-        self.valid_pad, self.eval_rows = None, None
+        self.padding[False], self.eval_rows = None, None
         if not isinstance(dl, DataLoader):
             return dl  # e.g. a list of batches: each rank evaluates all of it, unsummed
         if dl not in self._sharded:
             self._sharded[dl] = shard_loader(dl, shuffle=False, seed=self.seed)
         sharded = self._sharded[dl]
-        self.valid_pad = padded_position(sharded)
+        self.padding[False] = padded_position(sharded)
         self.eval_rows = 'dealt' if isinstance(getattr(sharded, 'sampler', None), DistributedSampler) else 'by rank'
         return _SyncAtEnd(sharded, learn)  # sharded by us, or by its iterable dataset: sum the metrics
 
@@ -496,6 +472,7 @@ class DistributedTrainer(SingleProcess, name='ddp'):
             flat = flat[g.numel() :]
 
     def end_batch(self, learn):
+        "After a training batch's step (`_StopCheck`): the stop check, every `check_every` batches."
         self._since_check += 1
         if self._since_check >= self.check_every:
             self._check_stop(learn)
@@ -522,3 +499,51 @@ class DistributedTrainer(SingleProcess, name='ddp'):
             self._signal_agreed = signum  # Preemption saves and stops at the next step boundary
         elif stop:
             raise CancelFitException()
+
+# %% ../nbs/15_distributed.ipynb #bf342999
+class DistributedWindow(Accumulation):
+    "DDP's accumulation window: its counts made global, no gradient sync inside it, a window cut short reduced by hand."
+
+    def __init__(self, n, strategy, learn):
+        super().__init__(n)
+        self.strategy, self.learn = strategy, learn
+
+    def place(self, data, index, bs, batch, exact=True):
+        "The micro-batch joins the window, and the counts are made global, divided by the world size (DDP averages)."
+        super().place(data, index, bs, batch, exact)
+        strategy, learn, dl = self.strategy, self.learn, self.learn.train_dl
+        if strategy._compare_first_batch:
+            strategy._warn_if_not_sharded(learn.batch)
+        strategy.sync_gradients(learn, not self.accumulating)  # no_sync inside a window
+        own_weights = learn.batch_weights(learn.batch) is not None  # the user's: only an all-reduce can count them
+        if strategy._global_sizes and not own_weights and learn.tokens is None:  # from the sampler: no communication
+            self.batch_examples = global_batch_size(dl, index) / strategy.world
+            if self.index == 0:
+                self.step_examples = (
+                    sum(global_batch_size(dl, i) for i in range(index, index + self.size)) / strategy.world
+                )
+            return
+        total = torch.as_tensor(bs, dtype=torch.float32, device=learn.device).reshape(1).clone()
+        dist.all_reduce(total)  # one scalar per micro-batch, on the device: no host sync
+        self.batch_examples = total[0] / strategy.world
+        if self.size == 1:
+            self.step_examples = self.batch_examples  # exact; longer windows are corrected at the step
+
+    def close(self, model, backward=False, cut=False):
+        "As `Accumulation.close`; a window whose last backward ran under `no_sync` is then averaged over the ranks."
+        due = super().close(model, backward, cut)
+        if due:
+            self.strategy.sync_window(self.learn)
+        return due
+
+
+class _StopCheck:
+    "DDP's periodic stop check, after each training batch's step and before any other callback's `after_batch`."
+
+    order, run_valid, learn = -1000, False, None  # no state: checkpoints do not list it
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+
+    def after_batch(self):
+        self.strategy.end_batch(self.learn)

@@ -14,6 +14,21 @@ import torch
 
 _FULL_PRECISION = contextlib.nullcontext()  # fp32's autocast: no state, so one serves every batch
 
+
+class _Autocast:
+    "`torch.autocast` as one object the loop enters at every batch: a new one each entry, so nested entries keep theirs."
+
+    def __init__(self, device_type, dtype):
+        self.device_type, self.dtype, self.entered = device_type, dtype, []
+
+    def __enter__(self):
+        autocast = torch.autocast(self.device_type, dtype=self.dtype)
+        self.entered.append(autocast)  # a validation run from inside a batch enters it again
+        return autocast.__enter__()
+
+    def __exit__(self, *exc):
+        return self.entered.pop().__exit__(*exc)
+
 # %% ../nbs/05_precision.ipynb #18effc2a
 class MixedPrecision:
     "The autocast dtype of the forward pass and loss, and for fp16 the loss scaler: `precision` is 'fp32', 'bf16' or 'fp16'."
@@ -27,6 +42,8 @@ class MixedPrecision:
         self.scaler = torch.amp.GradScaler(self.device_type) if precision == 'fp16' else None
         self.skipped = torch.zeros((), dtype=torch.int64, device=device) if self.scaler is not None else None
         self.unscaled = False  # this step's gradients were divided by the scale already (the Learner reads it)
+        # what the loop's forward pass and loss run in: fp32's is entered without a call into this module
+        self.context = _FULL_PRECISION if self.dtype is None else _Autocast(self.device_type, self.dtype)
 
     def __repr__(self):
         return f'MixedPrecision({self.name!r})'

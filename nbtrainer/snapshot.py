@@ -38,7 +38,7 @@ def snapshot_of(learn):
         'grads': [None if p.grad is None else p.grad.clone() for p in learn.model.parameters()],
         'opt': copy.deepcopy(learn.opt.state_dict()),
         'precision': copy.deepcopy(learn.precision.state_dict()),
-        'cb_states': [copy.deepcopy(cb.state_dict()) for cb in learn.cbs],
+        'cb_states': [copy.deepcopy(cb.state_dict()) if hasattr(cb, 'state_dict') else None for cb in learn.cbs],
         'rng': rng_state(learn.train_dl),
     }
 
@@ -60,7 +60,8 @@ def restore_snapshot(learn, saved):
     learn.opt.load_state_dict(saved['opt'])
     learn.precision.load_state_dict(saved['precision'])
     for cb, state in zip(learn.cbs, saved['cb_states']):
-        cb.load_state_dict(state)
+        if state is not None:  # a callback that is not a `Callback` may have no state
+            cb.load_state_dict(state)
     set_rng_state(saved['rng'], learn.train_dl)
 
 

@@ -13,6 +13,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from .accumulation import Accumulation
 from .callback import CancelFitException
 
 # %% ../nbs/00l_strategy.ipynb #b2947a19
@@ -25,6 +26,7 @@ class Strategy(Protocol):
     world: int
     main_process: bool  # rank 0: the process that draws and writes files
     sharded: bool  # each rank holds a shard of the weights (FSDP): checkpoints are folders of shards
+    padding: dict  # per phase (True: training), (batch, row) of the example the sampler repeated, or None
 
     def prepare(self, model, device, train_dl, precision=None):
         "The model, wrapped, and the training loader, sharded."
@@ -38,17 +40,11 @@ class Strategy(Protocol):
     def start_train(self, learn):
         "Before `before_train`."
 
-    def mask_padding(self, learn, weights):
-        "This batch's weights (None: all 1), 0 for examples that must not count."
+    def window(self, learn, n):
+        "The accumulation window of `learn` (`Learner(accumulate=n)`): its place and close see every training batch."
 
-    def count_examples(self, learn):
-        "Before a training batch's `before_batch`: `learn.window`'s counts made global."
-
-    def sync_window(self, learn):
-        "Before a step's `before_step`: the gradients a window cut short left unreduced."
-
-    def end_batch(self, learn):
-        "After a training batch's step, before `after_batch`."
+    def callbacks(self):
+        "Callbacks this strategy adds to a Learner (DDP: the periodic stop check after each training batch)."
 
     def end_train(self, learn):
         "When training ends, before `after_train`."
@@ -97,6 +93,7 @@ class SingleProcess(Strategy):
     "One process: rank 0 of 1, and every collective a no-op, so calling code never asks whether it is distributed."
 
     distributed, rank, world, main_process, sharded = False, 0, 1, True, False
+    padding = {True: None, False: None}  # DDP: the example its sampler repeated to even out the ranks, per phase
 
     def __init_subclass__(cls, name=None, **kwargs):
         "`class DDP(SingleProcess, name='ddp')`: the strategy `Learner(strategy='ddp')` makes."
@@ -120,17 +117,11 @@ class SingleProcess(Strategy):
     def start_train(self, learn):
         pass  # DDP: whether the sampler tells the global batch sizes (its set_epoch: TrainPass.start, in every mode)
 
-    def mask_padding(self, learn, weights):
-        return weights  # DDP: the repeated example gets weight 0
+    def window(self, learn, n):
+        return Accumulation(n)  # DDP: one that makes its counts global and reduces a window cut short
 
-    def count_examples(self, learn):
-        pass  # DDP: the window's counts made global
-
-    def sync_window(self, learn):
-        pass  # DDP: the gradients of a window cut short, reduced by hand
-
-    def end_batch(self, learn):
-        pass  # DDP: the periodic stop check
+    def callbacks(self):
+        return ()  # DDP: the periodic stop check
 
     def end_train(self, learn):
         pass  # DDP: the stop check

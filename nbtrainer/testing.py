@@ -7,7 +7,7 @@ Docs: https://nbtrainer.github.io/nbtrainer/testing.html.md"""
 # %% auto #0
 __all__ = ['raises', 'same_weights', 'max_diff', 'same_state', 'same_history', 'classification_data', 'tiny_classifier',
            'synth_learner', 'Keyword', 'padded_batches', 'hand_written_fit', 'wait_for', 'async_wait_for', 'HoldAt',
-           'operate']
+           'operate', 'batch_route']
 
 # %% ../nbs/98_testing.ipynb #f5e9dead
 import asyncio, threading, time
@@ -347,3 +347,33 @@ def operate(act, cleanup=None, timeout=120):
             raise failed[0]
 
     return done
+
+# %% ../nbs/98_testing.ipynb #94554865
+def batch_route(learn, batch_number=3, **fit_kwargs):
+    "[(module, function)] each time the `batch_number`-th training batch of `learn.fit(1)` calls into another module."
+    import inspect, sys
+    from pathlib import Path
+
+    package, one_batch = str(Path(inspect.getfile(Learner)).parent) + '/', Learner._one_batch.__code__
+    route, state = [], {'batches': 0, 'traced': None}  # traced: the frame of the batch being followed
+
+    def on_event(frame, event, arg):
+        code = frame.f_code
+        if code is one_batch and event == 'call' and learn.training and state['traced'] is None:
+            state['batches'] += 1
+            if state['batches'] == batch_number:
+                state['traced'] = frame
+        elif code is one_batch and event == 'return' and frame is state['traced']:
+            state['traced'] = False  # followed: the rest of the fit is not
+        if state['traced'] and event == 'call' and code.co_filename.startswith(package):
+            module = Path(code.co_filename).stem
+            if not route or route[-1][0] != module:
+                route.append((module, code.co_name))
+
+    previous = sys.getprofile()
+    sys.setprofile(on_event)
+    try:
+        learn.fit(1, **fit_kwargs)
+    finally:
+        sys.setprofile(previous)
+    return route

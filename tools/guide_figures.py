@@ -46,7 +46,18 @@ def learner_sizes():
     )
 
 
-FIGURES = {'notebooks': notebook_table, 'learner-sizes': learner_sizes}
+def batch_route():
+    "The route of the third training batch of a default fit (synth_learner), as `nbtrainer.testing.batch_route` traces it."
+    sys.path.insert(0, str(ROOT))
+    import nbtrainer  # noqa: F401 (the default callbacks: Preemption joins every Learner)
+    from nbtrainer.testing import batch_route, synth_learner
+
+    route = batch_route(synth_learner())
+    hops = '\n'.join(f'{"  → " if i else "    "}{module}.{function}' for i, (module, function) in enumerate(route))
+    return f'```\n{hops}\n```\n{len(route) - 1} switches of module'
+
+
+FIGURES = {'notebooks': notebook_table, 'learner-sizes': learner_sizes, 'batch-route': batch_route}
 
 
 def written(text):
