@@ -81,6 +81,10 @@ def serve():
     its exit status and the places it passed: fifty kills cost fifty forks, not fifty interpreters."""
     import optuna, nbtrainer.study  # noqa: F401 - imported before the forks
 
+    # and what a first study imports on its way: torch._dynamo at the first optimizer (torch's Optimizer.__init__), SciPy's
+    # stats for Optuna's quasi-random sampler; 1.9 s each fork otherwise (2.07 s a run, 0.18 s with them, idle)
+    import scipy.stats, torch._dynamo  # noqa: F401
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     for line in sys.stdin:
         db, kill_at = line.split()
