@@ -82,8 +82,8 @@ def contents(entries):
 
 def unless_highlighted(clean_html):
     """nbconvert's lab template passes every code cell's highlighted source through bleach (`clean_html`), whatever
-    `sanitize_html` says: two thirds of this render's time, for HTML Pygments escapes by construction. Other HTML (raw
-    cells, inline SVG) is still cleaned."""
+    `sanitize_html` says (56 s of render without this, 39 s with it), for HTML Pygments escapes by construction. Other
+    HTML (raw cells, inline SVG) is still cleaned; the prefix test is safe only because these are our own notebooks."""
 
     def clean(html):
         return html if str(html).startswith('<div class="highlight') else clean_html(html)
