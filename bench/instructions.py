@@ -9,6 +9,10 @@ Needs valgrind (apt-get install valgrind). Takes a few minutes.
 
     python bench/instructions.py [--short 20] [--long 120] [--modes hand learner logging train_metrics tracker] [--jobs 2]
     python bench/instructions.py --modes hand_loader learner_loader
+    python bench/instructions.py --modes hand_valid learner_valid --short 20 --long 420
+
+The `_valid` modes validate `steps` batches and train none (the hand-written loop's validation, and `learn.validate()`):
+a validation batch's own cost, which a fit's step holds a fifth of.
 
 The `_loader` modes read the same batches from a `DataLoader` (collated on the CPU each time), the hand-written loop
 moving each to the device as a GPU user's does: the path of a CPU loader feeding a model on a device (here the CPU).
@@ -70,10 +74,16 @@ def child(mode, steps, step_ms):
         import ddp
 
         return launch(ddp.learner_run if mode == 'ddp_learner' else ddp.hand_written_run, nprocs=2, args=(64, 5, steps))
-    train, valid = ov.make_batches(steps), ov.make_batches(max(1, steps // 5), seed=1)
+    if mode.endswith('_valid'):  # validation alone: `steps` batches of it
+        train, valid = ov.make_batches(2), ov.make_batches(steps, seed=1)
+    else:
+        train, valid = ov.make_batches(steps), ov.make_batches(max(1, steps // 5), seed=1)
     if mode.endswith('_loader'):  # a DataLoader that collates each batch on the CPU: what a GPU user's loop reads from
         train, valid = loader(train), loader(valid)
     model = ov.make_model()
+    if mode == 'hand_valid':
+        ov.hand_written_epoch(model, torch.optim.Adam(model.parameters(), lr=1e-3), [], valid)
+        return
     if mode == 'hand':
         ov.hand_written_epoch(model, torch.optim.Adam(model.parameters(), lr=1e-3), train, valid)
         return
@@ -87,6 +97,8 @@ def child(mode, steps, step_ms):
     )
     if mode == 'dashboard':
         return dashboard_fit(learn, step_ms)
+    if mode == 'learner_valid':
+        return learn.validate()
     if mode == 'logging':  # CSV, TensorBoard and a checkpoint at the epoch's end
         from nbtrainer import Checkpointer, CSVLogger, TensorBoardLogger
 
@@ -182,6 +194,8 @@ def main():
         'tracker',
         'hand_loader',
         'learner_loader',
+        'hand_valid',
+        'learner_valid',
         'ddp_hand',
         'ddp_learner',
         'dashboard',
@@ -201,7 +215,13 @@ def main():
         for mode in args.modes:
             extra = counts[mode, args.long].result() - counts[mode, args.short].result()
             per_step[mode] = extra / (args.long - args.short)
-            what = 'both ranks' if mode.startswith('ddp') else 'validation included'
+            what = (
+                'both ranks'
+                if mode.startswith('ddp')
+                else 'a batch'
+                if mode.endswith('_valid')
+                else 'validation included'
+            )
             print(f'  {mode:<14} {per_step[mode] / 1e6:8.3f} M instructions per step ({what})', flush=True)
     ratios = (
         ('learner', 'hand', 'learn.fit / hand-written'),
@@ -210,6 +230,7 @@ def main():
         ('tracker', 'hand', 'with a Tracker / hand-written'),
         ('tracker', 'learner', 'with a Tracker / learn.fit without it'),
         ('learner_loader', 'hand_loader', 'from a DataLoader: learn.fit / hand-written loop moving each batch'),
+        ('learner_valid', 'hand_valid', 'a validation batch: learn.validate / hand-written'),
         ('ddp_learner', 'ddp_hand', 'DDP, 2 ranks: learn.fit / hand-written DDP loop'),
         ('dashboard', 'learner', 'with the Jupyter dashboard / learn.fit without a display'),
     )

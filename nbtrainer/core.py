@@ -153,7 +153,7 @@ class EventScope:
     "An event pair around a block: `before_<name>` on entering; on leaving `after_cancel_<name>` if cancelled, `after_<name>`"
 
     def __init__(self, host, name, cancel, always=False):
-        self.host, self.cancel, self.always, self.last = host, cancel, always, None  # last(exc): before closing
+        self.host, self.cancel, self.always, self.last = host, cancel, always, None  # always: last(exc) before closing
         self.before, self.after, self.after_cancel = 'before_' + name, 'after_' + name, 'after_cancel_' + name
         self.cancels = []  # each block under way: the cancel that ended it early (None: none yet)
         self.cancellable = _Cancellable(self)
@@ -178,19 +178,24 @@ class EventScope:
 
     def __exit__(self, kind, exc, tb):
         host, held = self.host, self.cancels.pop()
-        error = kind is not None and not issubclass(kind, self.cancel)
-        if error and not self.always:
+        if self.always:
+            return self._close_always(kind, exc, held)
+        if kind is not None and not issubclass(kind, self.cancel):
             return False  # an error, or an outer scope's cancel: not this scope's
+        if kind is not None or held is not None:
+            host(self.after_cancel)
+        if host._events[self.after]:
+            host(self.after)
+        return True
+
+    def _close_always(self, kind, exc, held):
+        "Close the fit's scope: `last`, then the closing events, which reach every callback even if some raise."
+        host = self.host
+        error = kind is not None and not issubclass(kind, self.cancel)
         cancelled = kind is not None or held is not None
         if self.last is not None:
             self.last(exc if exc is not None else held)
-        if not self.always:
-            if cancelled:
-                host(self.after_cancel)
-            if host._events[self.after]:
-                host(self.after)
-            return True
-        first = None  # every callback gets the closing events, even if some raise in them
+        first = None
         for event in (self.after_cancel, self.after)[0 if cancelled else 1 :]:
             try:
                 host._fire_all(event)

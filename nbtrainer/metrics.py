@@ -121,7 +121,9 @@ def class_targets(metric, pred, target):
 # %% ../nbs/01_metrics.ipynb #93606b1b
 def class_scores(pred, target, weight=None, pivot=0.0):
     "Flatten any supported layout to (M, C) scores, (M,) int64 targets and (M,) weights (None if `weight` is None)."
-    pred = pred.detach()
+    pred = (
+        pred.detach() if pred.requires_grad else pred
+    )  # a detach is a kernel call a batch: only where autograd tracks
     n = pred.shape[0] if pred.ndim else 1  # examples
     if weight is not None:
         weight = _check_weight(weight, n, pred.device)
@@ -138,7 +140,8 @@ def class_scores(pred, target, weight=None, pivot=0.0):
             keep = (target != IGNORE_INDEX).to(_sum_dtype(pred.device))
             weight = keep if weight is None else weight * keep
             target = target.clamp(min=0)
-    target = target.reshape(-1).long()
+    if target.ndim != 1 or target.dtype != torch.int64:  # class labels already are: no kernel call for them
+        target = target.reshape(-1).long()
     if pred.shape[0] != target.shape[0]:  # shapes only: no sync
         raise ValueError(f"pred gives {pred.shape[0]} predictions but target has {target.shape[0]} values")
     if weight is not None:
@@ -156,16 +159,27 @@ class Mean(Metric):
         super().__init__()
 
     def reset(self):
-        self.total, self.weight, self.updates, self.finite_updates = None, 0, 0, 0
+        self.total, self.weight = None, 0
+        self.updates, self.finite_updates, self.pending = 0, 0, []  # with track_nonfinite
 
-    def _note_nonfinite(self):
-        "With `track_nonfinite`: count, on the device, the updates after which the sum is still finite."
-        self.finite_updates = self.finite_updates + (self.total * 0 == 0)  # inf * 0 and nan * 0 are nan
-        self.updates += 1
+    def _note_nonfinite(self, added):
+        "With `track_nonfinite`: keep what this update added to the sum; every 64 updates, count the finite ones."
+        self.pending.append(added)
+        if len(self.pending) == 64:
+            self._count_finite()
+
+    def _count_finite(self):
+        "Count, on the device, the pending updates before the first that added NaN or inf (which stays in the sum)."
+        if not self.pending:
+            return
+        leading = torch.isfinite(torch.stack(self.pending)).int().cumprod(0).sum()  # a few kernels per 64 updates
+        all_so_far = self.finite_updates == self.updates  # no NaN or inf yet: this batch's leading ones count
+        self.finite_updates = self.finite_updates + leading * all_so_far
+        self.updates, self.pending = self.updates + len(self.pending), []
 
     def first_nonfinite(self):
-        "The index of the first update that made the sum NaN or inf (a host read), or None."
-        # a nan or inf stays in a sum, so the updates it stayed finite through are the index of the first bad one
+        "The index of the first update that added NaN or inf to the sum (a host read), or None."
+        self._count_finite()
         finite = int(self.finite_updates)
         return None if finite == self.updates else finite
 
@@ -179,19 +193,23 @@ class Mean(Metric):
         self.weight = self.weight + weight_sum.to(self.total.dtype)
 
     def update(self, value, weight=1):
-        self._init_total(value.device if torch.is_tensor(value) else "cpu")
-        value = value.detach() if torch.is_tensor(value) else torch.tensor(value, device=self.total.device)
+        if self.total is None:
+            self._init_total(value.device if torch.is_tensor(value) else "cpu")
+        if not torch.is_tensor(value):
+            value = torch.tensor(value, device=self.total.device)
+        elif value.requires_grad:
+            value = value.detach()  # only where autograd tracks it: a detach is a kernel call a batch
         if torch.is_tensor(weight):  # a 0-d device tensor: summed on the device
             if weight.ndim != 0:
                 raise ValueError(f"Mean's weight must be a number or a 0-d tensor, got shape {tuple(weight.shape)}")
             weight = weight.detach().to(device=self.total.device, dtype=self.total.dtype)
-            value = value.to(self.total.dtype)
-            self._add(torch.where(weight != 0, value * weight, 0), weight)  # weight 0: nothing, even from a nan mean
+            value = torch.where(weight != 0, value.to(self.total.dtype) * weight, 0)  # weight 0: nothing, even a nan
+            self._add(value, weight)
         else:
             self.total.add_(value, alpha=weight)  # one kernel: promotes to the sum's dtype
             self.weight += weight
         if self.track_nonfinite:
-            self._note_nonfinite()
+            self._note_nonfinite(value)
 
     def compute(self):
         if self.total is None:
