@@ -121,9 +121,8 @@ def class_targets(metric, pred, target):
 # %% ../nbs/01_metrics.ipynb #93606b1b
 def class_scores(pred, target, weight=None, pivot=0.0):
     "Flatten any supported layout to (M, C) scores, (M,) int64 targets and (M,) weights (None if `weight` is None)."
-    pred = (
-        pred.detach() if pred.requires_grad else pred
-    )  # a detach is a kernel call a batch: only where autograd tracks
+    # a detach is a kernel call a batch: only where autograd tracks the predictions (training metrics)
+    pred = pred.detach() if pred.requires_grad else pred
     n = pred.shape[0] if pred.ndim else 1  # examples
     if weight is not None:
         weight = _check_weight(weight, n, pred.device)
@@ -173,7 +172,7 @@ class Mean(Metric):
         if not self.pending:
             return
         leading = torch.isfinite(torch.stack(self.pending)).int().cumprod(0).sum()  # a few kernels per 64 updates
-        all_so_far = self.finite_updates == self.updates  # no NaN or inf yet: this batch's leading ones count
+        all_so_far = self.finite_updates == self.updates  # no NaN or inf before these: their leading finite ones count
         self.finite_updates = self.finite_updates + leading * all_so_far
         self.updates, self.pending = self.updates + len(self.pending), []
 
