@@ -8,7 +8,8 @@ Docs: https://nbtrainer.github.io/nbtrainer/launcher.html.md"""
 __all__ = ['launch']
 
 # %% ../nbs/15c_launcher.ipynb #6cec454b
-import codecs, io, os, pickle, re, select, socket, sys, warnings
+import codecs, gc, io, os, pickle, re, select, sys, warnings
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -24,10 +25,16 @@ _CUDA_ERROR = (
 )
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
+def _agent_store(world, timeout=DEFAULT_TIMEOUT):
+    "A TCPStore on 127.0.0.1, on a port the system picks, that `world` ranks join as clients (`_agent_env`)."
+    return dist.TCPStore(
+        '127.0.0.1', 0, world, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout)
+    )
+
+
+def _agent_env(port):
+    "The variables by which a rank joins, as a client, the store another process hosts at `port` (torchrun's own)."
+    return dict(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE='True')
 
 # %% ../nbs/15c_launcher.ipynb #4508bfa8
 def _leave_jupyter():
@@ -69,16 +76,18 @@ def plain_result(value):
     return value
 
 
-def _worker(rank_, world, port, backend, timeout, threads, out, result, payload):
+def _worker(rank_, world, store_port, backend, timeout, threads, out, result, payload):
     fd = out.fileno()
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     sys.stdout = io.open(1, 'w', buffering=1, encoding='utf-8', errors='replace', closefd=False)
     sys.stderr = io.open(2, 'w', buffering=1, encoding='utf-8', errors='replace', closefd=False)
     _leave_jupyter()
+    port, known = store_port
+    if not known.wait(timeout):
+        raise RuntimeError(f'launch() did not start its store within {timeout} s')
     os.environ.update(
-        MASTER_ADDR='127.0.0.1',
-        MASTER_PORT=str(port),
+        **_agent_env(port.value),
         RANK=str(rank_),
         WORLD_SIZE=str(world),
         LOCAL_RANK=str(rank_),
@@ -132,7 +141,9 @@ def launch(train_fn, nprocs=2, args=(), kwargs=None, timeout=None, backend=None,
     if method != 'fork':
         payload = _dumps(payload)  # by value (cloudpickle), so functions defined in a notebook work
     timeout = timeout or DEFAULT_TIMEOUT
-    port, procs, outs = _free_port(), [], []
+    procs, outs = [], []
+    store_port = ctx.Value('i', 0, lock=False), ctx.Event()  # set once the ranks are forked
+    gc.collect()  # here, where destructors work: a forked rank that frees an inherited store waits for its thread forever
     result_r, result_w = ctx.Pipe(duplex=False)
     with warnings.catch_warnings():
         warnings.filterwarnings(
@@ -144,7 +155,7 @@ def launch(train_fn, nprocs=2, args=(), kwargs=None, timeout=None, backend=None,
                 target=_worker,
                 name=f'nbtrainer-rank{r}',
                 daemon=False,  # daemons may not start loader workers
-                args=(r, nprocs, port, backend, timeout, threads, out_w, result_w if r == 0 else None, payload),
+                args=(r, nprocs, store_port, backend, timeout, threads, out_w, result_w if r == 0 else None, payload),
             )
             p.start()
             out_w.close()
@@ -152,8 +163,12 @@ def launch(train_fn, nprocs=2, args=(), kwargs=None, timeout=None, backend=None,
             outs.append(out_r)
     result_w.close()
     try:
+        store = _agent_store(nprocs, timeout)
+        store_port[0].value = store.port
+        store_port[1].set()
         return _supervise(procs, outs, result_r, timeout)
     finally:
+        store = None  # closed now, not when a traceback that holds this frame is collected (maybe in a later fork)
         for p in procs:
             if p.is_alive():
                 p.terminate()

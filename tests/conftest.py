@@ -1,4 +1,4 @@
-import os, pathlib, shutil, sys
+import itertools, os, pathlib, shutil, subprocess, sys, tempfile
 
 import pytest
 
@@ -26,6 +26,84 @@ CHROMIUM_ARGS = [
 ]
 
 from nbtrainer.callback import Callback  # noqa: E402 - after OMP_NUM_THREADS, which torch reads at import
+
+
+def serve_jupyter(app, folder, args, env, log):
+    """Start `jupyter <app>` (`server` or `lab`) on loopback serving `folder`, on a port the system picks, and return
+    (the process, its port). The port is read from the server's runtime file: a port picked before the server binds it
+    can be taken meanwhile by any socket on the machine (a CI run saw JupyterLab move on to the next port while the test
+    polled the one it had picked). The runtime files (kernels' connection files too) go to `folder/.runtime`, which
+    JupyterLab's file browser hides."""
+    import json
+    from nbtrainer.testing import wait_for
+
+    runtime = folder / '.runtime'
+    server = subprocess.Popen(
+        [
+            str(BIN / 'jupyter'),
+            app,
+            '--no-browser',
+            '--port=0',
+            '--ServerApp.port_retries=0',
+            '--ServerApp.token=',
+            '--ServerApp.ip=127.0.0.1',
+            '--allow-root',
+            f'--ServerApp.root_dir={folder}',
+            *args,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**env, 'JUPYTER_RUNTIME_DIR': str(runtime)},
+        cwd=folder,
+    )
+
+    def log_tail():
+        return pathlib.Path(log.name).read_text()[-3000:]
+
+    def port():
+        assert server.poll() is None, f'jupyter {app} exited with code {server.returncode}: {log_tail()}'
+        for info in runtime.glob('jpserver-*.json'):
+            try:
+                return json.loads(info.read_text())['port']
+            except (ValueError, KeyError, OSError):  # being written as we read it
+                pass
+        return None
+
+    try:
+        return server, wait_for(port, f'jupyter {app} to write its port to {runtime}', seen=log_tail, every=0.1)
+    except BaseException:
+        server.kill()
+        server.wait()
+        raise
+
+
+_kernels = itertools.count()
+
+
+def kernel_manager():
+    """A manager for a python3 kernel whose channels are Unix sockets (ZeroMQ's ipc transport) named for this process:
+    the TCP ports jupyter_client picks, and releases for the kernel to bind, can be taken meanwhile by any socket on the
+    machine (then the kernel dies at its start). Start it, or give it to nbclient (`NotebookClient(nb, km=...)`)."""
+    from jupyter_client.manager import KernelManager
+
+    prefix = f'{tempfile.gettempdir()}/nbtrainer-kernel-{os.getpid()}-{next(_kernels)}'
+    return KernelManager(kernel_name='python3', transport='ipc', ip=prefix)
+
+
+def start_kernel(timeout=120):
+    "A started `kernel_manager()` and its client, ready (jupyter_client's `start_new_kernel`, on Unix sockets)."
+    km = kernel_manager()
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=timeout)
+    except BaseException:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        raise
+    return km, kc
+
 
 # jsonschema (which nbformat imports) builds an Earley parser for IRIs at import when the optional rfc3987-syntax is
 # installed: 1 to 4 s in every pytest process, for a string format nbformat never checks. Without it, no IRI checker.

@@ -32,12 +32,24 @@ class Server:
         self.as_user = ['runuser', '-u', 'postgres', '--'] if os.geteuid() == 0 else []
         if self.as_user:
             shutil.chown(self.folder, 'postgres')
-        self.bin, self.port, self.count = bin_dir, _free_port(), itertools.count()
+        self.bin, self.count = bin_dir, itertools.count()
         data = self.folder / 'data'
         self._run('initdb', '-D', data, '-A', 'trust', '-U', 'postgres', '--no-sync', '-E', 'UTF8')
-        options = f'-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200'
-        self._run('pg_ctl', '-D', data, '-o', options, '-l', self.folder / 'log', '-w', '-t', '120', 'start')
+        self.port = self._start(data)
         self.url = f'postgresql://postgres@127.0.0.1:{self.port}'
+
+    def _start(self, data, tries=5):
+        """Start the server on a free port and return the port. PostgreSQL cannot be given port 0, and a port picked
+        before the server binds it can be taken meanwhile by any socket on the machine: then another port."""
+        for attempt in range(tries):
+            port, log = _free_port(), self.folder / f'log{attempt}'
+            options = f'-p {port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200'
+            try:
+                self._run('pg_ctl', '-D', data, '-o', options, '-l', log, '-w', '-t', '120', 'start')
+                return port
+            except RuntimeError:
+                if attempt == tries - 1 or 'Address already in use' not in log.read_text():
+                    raise
 
     def _run(self, tool, *args):
         done = subprocess.run(

@@ -4,7 +4,7 @@ Each test starts its workers with `nbtrainer.launcher.launch` (fork), except the
 script the way torchrun would (environment variables) so that no watchdog helps the surviving rank.
 """
 
-import math, os, signal, subprocess, sys, time
+import gc, math, os, signal, subprocess, sys, time
 
 import pytest
 import torch
@@ -13,10 +13,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from conftest import ROOT
+from conftest import ROOT, kernel_manager
 from nbtrainer import Callback, ConfusionMatrix, Learner, NonFiniteLossError, launch, rank, request_stop, world_size
 from nbtrainer.callback import dispatch_tables
 from nbtrainer.data import plain_model
+from nbtrainer.launcher import _agent_env, _agent_store
 from nbtrainer.testing import wait_for
 
 pytestmark = [
@@ -598,10 +599,10 @@ def test_launch_stops_the_survivors_when_a_rank_dies():
 
 def test_a_killed_rank_makes_the_other_fail_within_the_timeout(tmp_path):
     "No launch() watchdog here: the survivor itself must notice, as under torchrun."
+    store = _agent_store(2)  # kept bound while the ranks run
     env = {
         **os.environ,
-        'MASTER_ADDR': '127.0.0.1',
-        'MASTER_PORT': str(_free_port()),
+        **_agent_env(store.port),
         'WORLD_SIZE': '2',
         'NBTRAINER_DIST_TIMEOUT': '60',
         'OMP_NUM_THREADS': '1',
@@ -642,20 +643,13 @@ def test_a_script_leaves_its_group_at_exit_unless_it_failed(ending, alive_at_exi
         'init_distributed()\n'
         'if sys.argv[1] == "error": raise RuntimeError("a rank failed")\n'
     )
-    env = {**os.environ, 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(_free_port()), 'WORLD_SIZE': '1', 'RANK': '0'}
+    store = _agent_store(1)
+    env = {**os.environ, **_agent_env(store.port), 'WORLD_SIZE': '1', 'RANK': '0'}
     done = subprocess.run([sys.executable, '-c', script, ending], env=env, capture_output=True, text=True, timeout=120)
     assert (done.returncode != 0) == (ending == 'error')
     assert (
         f'group alive at exit: {alive_at_exit}' in done.stdout
     )  # after an error, other ranks may wait in a collective
-
-
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 # ---- launch() from a notebook ----
@@ -676,7 +670,7 @@ def test_launch_from_a_notebook_run_by_nbclient(tmp_path, monkeypatch):
     ]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'python3', 'language': 'python'}
-    NotebookClient(nb, timeout=180, kernel_name='python3', resources={'metadata': {'path': str(tmp_path)}}).execute()
+    NotebookClient(nb, timeout=180, km=kernel_manager(), resources={'metadata': {'path': str(tmp_path)}}).execute()
     text = ''.join(o.get('text', '') for o in nb.cells[2].outputs if o.output_type == 'stream')
     assert 'rank 0 of 2 says hello' in text and 'result 7' in text
     assert 'rank 1' not in text  # only rank 0's output is streamed into the cell
@@ -697,6 +691,26 @@ def test_launch_with_spawn_sends_the_function_by_value():
     pytest.importorskip('cloudpickle')
     local = lambda n: (rank(), world_size(), n)  # not importable by a spawned child: cloudpickle sends it by value
     assert launch(local, nprocs=2, args=(5,), start_method='spawn') == (0, 2, 5)
+
+
+def _collect_garbage():
+    gc.collect()
+    return 'collected'
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_rank_never_frees_a_store_it_inherited():
+    """A TCPStore left in a reference cycle (a traceback that holds a frame, say) is freed before launch() forks: a rank
+    that freed its copy would wait forever for the store's thread, which the fork did not copy. Without the fix the rank
+    hangs in `gc.collect()` and pytest's timeout fails the test."""
+    gc.disable()  # else the automatic collector may free the cycle first, by chance
+    try:
+        cycle = [_agent_store(1)]
+        cycle.append(cycle)
+        del cycle
+        assert launch(_collect_garbage, nprocs=2) == 'collected'
+    finally:
+        gc.enable()
 
 
 def test_package_level_launch_and_light_import():

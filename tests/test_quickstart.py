@@ -4,14 +4,14 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from conftest import ROOT
+from conftest import ROOT, kernel_manager
 
 pytestmark = pytest.mark.kernel
 
 
 def test_index_notebook_runs_and_shows_the_dashboard_summary_and_plot(tmp_path):
     nb = nbformat.read(ROOT / 'index.ipynb', as_version=4)
-    NotebookClient(nb, timeout=300, kernel_name='python3', resources={'metadata': {'path': str(tmp_path)}}).execute()
+    NotebookClient(nb, timeout=300, km=kernel_manager(), resources={'metadata': {'path': str(tmp_path)}}).execute()
     outputs = [o for cell in nb.cells if cell.cell_type == 'code' for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == 'error']
     mimes = {m for o in outputs for m in o.get('data', {})}

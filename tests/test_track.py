@@ -2,12 +2,12 @@
 kill-and-resume continuing the same run (Tracker and MLflow); one row under DDP; the command line; the notebook path
 a real Jupyter server gives its kernel."""
 
-import importlib.util, json, os, signal, socket, subprocess, sys, urllib.request
+import importlib.util, json, os, signal, subprocess, sys, urllib.request
 
 import pytest
 import torch.distributed as dist
 
-from conftest import BIN, ROOT, EndAt
+from conftest import BIN, ROOT, EndAt, serve_jupyter
 from nbtrainer import CancelFitException, MLflowLogger, Tracker, launch, runs
 from nbtrainer.testing import same_history, synth_learner, wait_for
 
@@ -197,38 +197,18 @@ def test_command_line(tmp_path):
     assert missing.returncode == 2 and 'no experiment database at' in missing.stderr
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.kernel
 def test_the_notebook_path_from_a_real_jupyter_server(tmp_path):
     "A kernel started by jupyter_server for a notebook session (as JupyterLab starts one) knows its notebook."
     from jupyter_client import BlockingKernelClient
 
     (tmp_path / 'sub').mkdir()
-    port, runtime = free_port(), tmp_path / 'runtime'
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(runtime), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
     log = open(tmp_path / 'server.log', 'w')
-    server = subprocess.Popen(
-        [
-            str(BIN / 'jupyter'),
-            'server',
-            '--no-browser',
-            f'--port={port}',
-            '--ServerApp.token=',
-            '--ServerApp.password=',
-            f'--ServerApp.root_dir={tmp_path}',
-            '--ServerApp.ip=127.0.0.1',
-            '--allow-root',
-            '--ServerApp.disable_check_xsrf=True',
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
+    server, port = serve_jupyter(
+        'server', tmp_path, ['--ServerApp.password=', '--ServerApp.disable_check_xsrf=True'], env, log
     )
+    runtime = tmp_path / '.runtime'
     client = None
     try:
         api = f'http://127.0.0.1:{port}/api'

@@ -20,12 +20,12 @@ Screenshots go to `test-artifacts/ui/`. Recipe and pitfalls: the UI-testing note
 outputs). Every wait is on a condition with a deadline: the test passes on a loaded machine. The fits the test stops plan
 40,000 steps (1,000 s at least): far more than its waits, so none can end before its Stop."""
 
-import contextlib, json, os, re, shutil, socket, subprocess, time, urllib.request
+import contextlib, json, os, re, shutil, subprocess, time, urllib.request
 
 import nbformat
 import pytest
 
-from conftest import BIN, CHROMIUM_ARGS, ROOT
+from conftest import CHROMIUM_ARGS, ROOT, serve_jupyter
 from nbtrainer.testing import wait_for
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]  # JupyterLab in Chromium: minutes on a busy machine
@@ -85,12 +85,6 @@ learn = Learner(SlowMLP(), dl, small, lr=0.05, cbs=[NoteEnd(), controls])''',
 FIT, FINDER, LR_NOW, FAIL, BACKGROUND, REATTACH = 1, 4, 5, 6, 7, 8
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
 def sessions(port):
     return json.load(urllib.request.urlopen(f'http://127.0.0.1:{port}/api/sessions'))
 
@@ -124,7 +118,6 @@ def lab_server(folder, env=None):
     (settings / 'themes.jupyterlab-settings').write_text(
         '{\n  // the user picked the dark theme\n  "theme": "JupyterLab Dark"\n}'
     )
-    port = free_port()
     env = {
         **os.environ,
         'JUPYTERLAB_SETTINGS_DIR': str(folder / 'settings'),
@@ -132,22 +125,7 @@ def lab_server(folder, env=None):
         **(env or {}),
     }
     log = open(folder / 'lab.log', 'w')
-    server = subprocess.Popen(
-        [
-            str(BIN / 'jupyter'),
-            'lab',
-            '--no-browser',
-            f'--port={port}',
-            '--ServerApp.token=',
-            '--ServerApp.ip=127.0.0.1',
-            '--allow-root',
-            f'--ServerApp.root_dir={folder}',
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=folder,
-    )
+    server, port = serve_jupyter('lab', folder, [], env, log)
 
     def up():
         assert server.poll() is None, f'JupyterLab exited with code {server.returncode}'
