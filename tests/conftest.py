@@ -123,8 +123,8 @@ class EndAt(Callback):
 
 @pytest.fixture(autouse=True)
 def one_process_group_at_a_time(request, tmp_path_factory):
-    """Under pytest-xdist the tests that start process groups take turns (a lock the workers of one run share): two
-    `launch()`es at once can pick the same free port, and four ranks on 2 cores only wait for each other."""
+    """Under pytest-xdist the tests that start process groups take turns (a lock the workers of one run share): four
+    ranks on 2 cores only wait for each other."""
     if 'PYTEST_XDIST_WORKER' not in os.environ or request.node.get_closest_marker('distributed') is None:
         yield
         return

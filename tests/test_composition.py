@@ -9,7 +9,7 @@ GradScaler recipe for fp16); evaluation subsets, checkpoints and loggers must no
 process (two, under DDP), as a user's script would.
 """
 
-import itertools, json, math, subprocess, sys, time
+import itertools, json, math, sys, time
 
 import pytest
 import torch
@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from conftest import ROOT
+import warm
 
 sys.path.insert(0, str(ROOT / 'tests'))
 import composition_worker as cw
@@ -72,7 +73,7 @@ def reference(precision, accumulate):
 
 
 def run(cfg, out, *flags):
-    return subprocess.run(
+    return warm.run(
         [sys.executable, str(ROOT / 'tests' / 'composition_worker.py'), json.dumps(cfg), str(out), *flags],
         capture_output=True,
         text=True,

@@ -1,7 +1,7 @@
 """Fine-tuning against references: freezing and EMA against a hand-written loop, across a SIGKILL and a resume and on
 2 DDP ranks; fp16's skipped steps left out of the EMA."""
 
-import signal, subprocess, sys
+import signal, sys
 
 import pytest
 import torch
@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from conftest import ROOT
+import warm
 import finetune_worker as fw
 from nbtrainer import EMA, Callback, Learner, head_body, launch
 from nbtrainer.testing import wait_for
@@ -59,7 +60,7 @@ def hand_loop():
 
 @pytest.mark.slow  # a trained subprocess
 def test_freeze_unfreeze_and_ema_equal_a_hand_loop(tmp_path):
-    subprocess.run(WORKER + [str(tmp_path), '--no-plateau'], check=True, timeout=300)
+    warm.run(WORKER + [str(tmp_path), '--no-plateau'], check=True, timeout=300)
     ours, (weights, avg) = final(tmp_path), hand_loop()
     assert ours['step'] == 52 and ours['frozen'] == 0
     for k, v in weights.items():
@@ -71,16 +72,16 @@ def test_freeze_unfreeze_and_ema_equal_a_hand_loop(tmp_path):
 @pytest.mark.slow  # three trained subprocesses, one killed
 def test_killed_after_the_unfreeze_and_resumed_equals_uninterrupted(tmp_path):
     "The script freezes at its start; the checkpoint's state (unfrozen), the EMA and the plateau's count win."
-    subprocess.run(WORKER + [str(tmp_path / 'straight')], check=True, timeout=300)
+    warm.run(WORKER + [str(tmp_path / 'straight')], check=True, timeout=300)
     folder = tmp_path / 'killed'
-    proc = subprocess.Popen(WORKER + [str(folder), '--hold'])  # held after step 25, a step after a checkpoint
+    proc = warm.Popen(WORKER + [str(folder), '--hold'])  # held after step 25, a step after a checkpoint
     try:
         wait_for((folder / 'held').exists, f'the worker to hold at step {fw.HOLD_AT}', timeout=300, process=proc)
     finally:
         proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL
     assert checkpoint_steps(folder)[-1] == 24 > fw.UNFREEZE_AT and not (folder / 'final.pt').exists()
-    subprocess.run(WORKER + [str(folder), '--resume'], check=True, timeout=300)
+    warm.run(WORKER + [str(folder), '--resume'], check=True, timeout=300)
     a, b = final(tmp_path / 'straight'), final(folder)
     assert a['step'] == b['step'] == 52 and a['frozen'] == b['frozen'] == 0
     assert all(torch.equal(a['model'][k], b['model'][k]) for k in a['model'])

@@ -201,9 +201,23 @@ def killed_mid_fit(folder, *args):
     assert not (folder / 'final.pt').exists()
 
 
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory):
+    "The worker's run, not killed, once per set of arguments in this file: its folder and what the ranks gathered."
+    done = {}
+
+    def run(*args):
+        if args not in done:
+            folder = tmp_path_factory.mktemp('fsdp')
+            done[args] = folder, run_worker(folder, *args)
+        return done[args]
+
+    return run
+
+
 @pytest.mark.parametrize('args', [(), ('--accumulate', '2', '--precision', 'bf16')])
-def test_killed_and_resumed_from_sharded_checkpoints_is_bit_identical(tmp_path, args):
-    straight = run_worker(tmp_path / 'straight', *args)
+def test_killed_and_resumed_from_sharded_checkpoints_is_bit_identical(tmp_path, uninterrupted, args):
+    _, straight = uninterrupted(*args)
     folder = tmp_path / 'killed'
     killed_mid_fit(folder, *args)
     kept = sorted(p.name for p in (folder / 'checkpoints').glob('step-*.pt'))
@@ -220,10 +234,9 @@ def test_killed_and_resumed_from_sharded_checkpoints_is_bit_identical(tmp_path, 
 
 
 @pytest.fixture(scope='module')
-def trained(tmp_path_factory):
+def trained(uninterrupted):
     "A finished FSDP run: its sharded checkpoints, and the whole weights and predictions the ranks gathered."
-    folder = tmp_path_factory.mktemp('fsdp')
-    return folder, run_worker(folder)
+    return uninterrupted()
 
 
 def test_a_sharded_checkpoint_loads_into_a_bare_model_in_one_process(trained, tmp_path):

@@ -12,6 +12,8 @@ from torch.utils.data import DataLoader
 from nbtrainer import Checkpointer, CSVLogger, Learner, Tracker, plain_checkpoint, read_checkpoint, runs
 from nbtrainer.testing import classification_data, same_weights, tiny_classifier, wait_for
 
+import warm
+
 STEPS_PER_EPOCH = 4  # 64 examples in batches of 16
 
 
@@ -395,7 +397,7 @@ ENV = {**os.environ, 'OMP_NUM_THREADS': '1'}
 
 
 def worker(folder, *args):
-    return subprocess.run(WORKER + [str(folder), *args], capture_output=True, text=True, timeout=600, env=ENV)
+    return warm.run(WORKER + [str(folder), *args], capture_output=True, text=True, timeout=600, env=ENV)
 
 
 def outcome(folder):
@@ -447,7 +449,7 @@ def test_sigterm_in_the_final_evaluation_exits_143(tmp_path):
 @pytest.mark.slow
 def test_a_second_writer_leaves_the_first_runs_files_alone(tmp_path, uninterrupted):
     folder = tmp_path / 'run'
-    first = subprocess.Popen(WORKER + [str(folder), '--hold-at', '5'], env=ENV, stderr=subprocess.PIPE, text=True)
+    first = warm.Popen(WORKER + [str(folder), '--hold-at', '5'], env=ENV, stderr=subprocess.PIPE, text=True)
     try:
         wait_for((folder / 'held').exists, 'the first run to hold at step 5', timeout=300, process=first)
         files = tree(folder)  # the registry too: the worker's heartbeat is set not to beat while it is held

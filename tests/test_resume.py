@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import ROOT
+import warm
 from nbtrainer.testing import wait_for
 
 pytestmark = pytest.mark.slow  # worker processes that train, one killed
@@ -21,7 +22,7 @@ def kill_mid_run(folder):
     """Start a run in `folder` that holds mid-epoch, between checkpoints (after step 17: it says so in FOLDER/held), and
     SIGKILL it there; returns when it started."""
     started = time.time()
-    proc = subprocess.Popen(WORKER + [str(folder), '--hold'])
+    proc = warm.Popen(WORKER + [str(folder), '--hold'])
     try:
         wait_for((folder / 'held').exists, 'the worker to hold at step 17', timeout=300, process=proc)
     finally:
@@ -31,7 +32,7 @@ def kill_mid_run(folder):
 
 
 def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
-    subprocess.run(WORKER + [str(tmp_path / 'straight')], check=True, timeout=300)
+    warm.run(WORKER + [str(tmp_path / 'straight')], check=True, timeout=300)
 
     folder = tmp_path / 'killed'
     started = kill_mid_run(folder)
@@ -40,7 +41,7 @@ def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
     assert saved[-1] == 16  # 13 batches per epoch, 4 epochs: cut short mid-epoch 1, a step after the checkpoint
 
     time.sleep(max(0.0, started + 1.5 - time.time()))  # TensorBoard orders event files by their name's second
-    subprocess.run(WORKER + [str(folder), '--resume'], check=True, timeout=300)
+    warm.run(WORKER + [str(folder), '--resume'], check=True, timeout=300)
     a, b = final(tmp_path / 'straight'), final(folder)
     assert a['step'] == b['step'] == 52
     assert all(torch.equal(a['model'][k], b['model'][k]) for k in a['model'])
@@ -83,7 +84,7 @@ def test_a_run_folder_can_be_copied_corrupted_and_moved(tmp_path):
     "with its newest checkpoint corrupted; a finished run's folder moved elsewhere gives its best checkpoint to a fresh process."
     import shutil
 
-    subprocess.run(WORKER + [str(tmp_path / 'straight')], check=True, timeout=300)
+    warm.run(WORKER + [str(tmp_path / 'straight')], check=True, timeout=300)
     folder = tmp_path / 'killed'
     started = kill_mid_run(folder)
     copy = tmp_path / 'elsewhere' / 'copy'
@@ -93,7 +94,7 @@ def test_a_run_folder_can_be_copied_corrupted_and_moved(tmp_path):
     original = snapshot(folder)
 
     time.sleep(max(0.0, started + 1.5 - time.time()))  # TensorBoard orders event files by their name's second
-    resumed = subprocess.run(WORKER + [str(copy), '--resume'], capture_output=True, text=True, timeout=300)
+    resumed = warm.run(WORKER + [str(copy), '--resume'], capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert f'skipped {newest}' in resumed.stderr and 'CRC-32' in resumed.stderr  # the corrupt one, named
     a, b = final(tmp_path / 'straight'), final(copy)

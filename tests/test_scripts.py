@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from conftest import ROOT
+import warm
 
 pytestmark = pytest.mark.slow  # worker processes that train, killed and rerun
 
@@ -39,12 +40,12 @@ def kill_points(phases, n, seed):
 @pytest.mark.parametrize('phases', [2, 3])
 def test_a_script_killed_anywhere_and_rerun_with_resume_ends_as_the_uninterrupted_one(tmp_path, phases):
     straight = tmp_path / 'straight'
-    subprocess.run(WORKER + [str(straight), str(phases)], check=True, timeout=300)
+    warm.run(WORKER + [str(straight), str(phases)], check=True, timeout=300)
     ref = final(straight)
     assert ref['step'] == BATCHES[phases] // 2 and len(ref['calls']) == {2: 2, 3: 5}[phases]
     for at in kill_points(phases, 3, seed=phases):
         folder = tmp_path / f'killed-{at}'
-        killed = subprocess.run(WORKER + [str(folder), str(phases), '--kill-at', at], timeout=300)
+        killed = warm.run(WORKER + [str(folder), str(phases), '--kill-at', at], timeout=300)
         assert killed.returncode == -signal.SIGKILL, at
         rerun = subprocess.run(
             WORKER + [str(folder), str(phases), '--resume'], capture_output=True, text=True, timeout=300
@@ -59,7 +60,7 @@ def test_a_script_killed_anywhere_and_rerun_with_resume_ends_as_the_uninterrupte
 def test_a_rerun_with_other_calls_is_refused_by_name(tmp_path):
     "The killed script's first call was fit_one_cycle(2): a rerun whose first call is fit_one_cycle(3) is refused."
     folder = tmp_path / 'run'
-    subprocess.run(WORKER + [str(folder), '2', '--kill-at', '20'], timeout=300)
+    warm.run(WORKER + [str(folder), '2', '--kill-at', '20'], timeout=300)
     code = f'''
 import sys; sys.path.insert(0, {str(ROOT / 'tests')!r})
 from pathlib import Path

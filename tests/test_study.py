@@ -11,6 +11,7 @@ optuna = pytest.importorskip('optuna')
 from optuna.trial import TrialState
 
 from conftest import ROOT
+import warm
 from nbtrainer.testing import same_history
 from nbtrainer.experiments import runs
 from study_worker import FIT, NAME, SEED, TRIALS, UPPER, study
@@ -32,7 +33,7 @@ def no_worker_left():
 
 def worker(db, kill=None):
     config = json.dumps({'db': str(db), 'kill': kill})
-    STARTED.append(subprocess.Popen(WORKER + [config], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    STARTED.append(warm.Popen(WORKER + [config], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     return STARTED[-1]
 
 

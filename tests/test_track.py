@@ -8,6 +8,7 @@ import pytest
 import torch.distributed as dist
 
 from conftest import BIN, ROOT, EndAt, serve_jupyter
+import warm
 from nbtrainer import CancelFitException, MLflowLogger, Tracker, launch, runs
 from nbtrainer.testing import same_history, synth_learner, wait_for
 
@@ -15,7 +16,7 @@ WORKER = [sys.executable, str(ROOT / 'tests' / 'track_worker.py')]
 
 
 def worker(**cfg):
-    return subprocess.Popen(WORKER + [json.dumps(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return warm.Popen(WORKER + [json.dumps(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def finish(proc, timeout=300):
