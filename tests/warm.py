@@ -1,6 +1,6 @@
 """Worker scripts started warm: `run` and `Popen` work as `subprocess`'s do for `[sys.executable, SCRIPT, *args]`, but
-fork the script's process from a server that has imported torch and nbtrainer once (1.7 s of imports a process: 110
-worker processes in a run of the suite). Anything else (other commands, interpreter flags, an environment that changes
+fork the script's process from a server that has imported torch and nbtrainer once (1.7 s of imports a process: about
+70 worker processes in a run of the suite). Anything else (other commands, interpreter flags, an environment that changes
 what an import reads) starts cold, as `subprocess` does.
 
 The forked process is the script's own: its pid takes signals (SIGKILL, SIGTERM) and `start_new_session`; it runs the
