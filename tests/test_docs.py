@@ -49,20 +49,26 @@ def browser():
         browser.close()
 
 
-def test_contents_page_links_every_notebook(site, browser):
+@pytest.fixture(scope='module')
+def tab(browser):
+    "One tab for every page, as a reader follows links: a new tab each was a new renderer process (twice the time)."
     page = browser.new_page()
+    yield page
+    page.close()
+
+
+def test_contents_page_links_every_notebook(site, tab):
+    page = tab
     page.goto((site / 'index.html').as_uri())
     links = page.eval_on_selector_all('a', 'links => links.map(a => a.getAttribute("href"))')
     assert sorted(links) == sorted(p.as_posix() for p in pages().values())
     tutorials = sorted((ROOT / 'nbs' / 'tutorials').glob('*.ipynb'))
     assert [link for link in links if link.startswith('tutorials/')] == [f'tutorials/{p.stem}.html' for p in tutorials]
-    page.close()
 
 
 @pytest.mark.parametrize('source', list(pages()), ids=[p.name for p in pages()])
-def test_page_shows_its_figures_and_no_widget_json(site, browser, source):
-    target = site / pages()[source]
-    page = browser.new_page()
+def test_page_shows_its_figures_and_no_widget_json(site, tab, source):
+    target, page = site / pages()[source], tab
     page.goto(target.as_uri(), wait_until='load')
     images = page.eval_on_selector_all(
         '.jp-OutputArea-output img', 'imgs => imgs.map(i => [i.complete, i.naturalWidth])'
@@ -77,4 +83,3 @@ def test_page_shows_its_figures_and_no_widget_json(site, browser, source):
     for href in page.eval_on_selector_all('a[href$=".html"]', 'links => links.map(a => a.getAttribute("href"))'):
         if '://' not in href:
             assert (target.parent / href).exists(), f'{target.name} links to missing {href}'
-    page.close()

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from conftest import BIN, ROOT
+import warm
 from nbtrainer import Checkpointer, CSVLogger, Learner, TensorBoardLogger, Tracker, read_checkpoint, runs
 from nbtrainer.runfiles import BadFileError, UnsafeFileError, read_shard_metadata
 from nbtrainer.testing import classification_data, same_state, tiny_classifier
@@ -266,7 +267,7 @@ def registry_entry_points(db):
     from nbtrainer.study import Study
 
     def cli():
-        done = subprocess.run([BIN / 'nbtrainer-runs', str(db)], capture_output=True, text=True, timeout=BOUND)
+        done = warm.run([BIN / 'nbtrainer-runs', str(db)], capture_output=True, text=True, timeout=BOUND)
         if done.returncode:
             raise ValueError(done.stderr)
 
@@ -350,9 +351,7 @@ def test_a_registry_of_a_million_runs_lists_in_seconds(tmp_path):
     assert len(found) == 1000 and found.total == 10**6 + 1 and 'runs 1 to 1,000 of 1,000,001' in str(found)
     assert took < 60, f'runs() took {took:.1f} s on a million runs'
     started = time.monotonic()
-    done = subprocess.run(
-        [BIN / 'nbtrainer-runs', str(db), '--study', 's7'], capture_output=True, text=True, timeout=BOUND
-    )
+    done = warm.run([BIN / 'nbtrainer-runs', str(db), '--study', 's7'], capture_output=True, text=True, timeout=BOUND)
     assert done.returncode == 0 and 'of 10,000' in done.stdout, done.stderr
     assert time.monotonic() - started < BOUND
 

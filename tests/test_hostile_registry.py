@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from conftest import BIN, ROOT
+import warm
 from nbtrainer import Callback, Checkpointer, Learner, Order, Tracker, runs
 from nbtrainer.testing import classification_data, raises, same_weights, synth_learner, tiny_classifier
 
@@ -464,7 +465,7 @@ def test_a_full_disk_is_read_and_refused_clearly(tmp_path):
 
 def test_the_command_line_refuses_bad_input_and_prints_no_control_characters(tmp_path):
     script = str(BIN / 'nbtrainer-runs')
-    run = lambda *args: subprocess.run([script, *map(str, args)], capture_output=True, text=True, timeout=120)
+    run = lambda *args: warm.run([script, *map(str, args)], capture_output=True, text=True, timeout=120)
     missing = run(tmp_path / 'no' / 'such' / 'folder' / 'deep' / 'runs.db')
     assert missing.returncode == 2 and 'no experiment database at' in missing.stderr
     assert 'Traceback' not in missing.stderr

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from conftest import ROOT
+import warm
 from nbtrainer.testing import wait_for
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]  # torchrun, two ranks
@@ -23,9 +24,9 @@ def final(folder):
 
 def preempted_then_resumed(tmp_path, launcher, ranks, accumulate):
     args = ['--accumulate', str(accumulate)]
-    subprocess.run(launcher + [WORKER, str(tmp_path / 'straight'), *args], check=True, timeout=600, env=ENV)
+    warm.run(launcher + [WORKER, str(tmp_path / 'straight'), *args], check=True, timeout=600, env=ENV)
     folder = tmp_path / 'preempted'
-    proc = subprocess.Popen(
+    proc = warm.Popen(
         launcher + [WORKER, str(folder), '--slow', *args],
         env=ENV,
         stdout=subprocess.PIPE,
@@ -48,7 +49,7 @@ def preempted_then_resumed(tmp_path, launcher, ranks, accumulate):
     run = runs(folder / 'runs.db')[-1]
     assert run.status == 'preempted' and f'at step {step}' in (run.message or ''), (run.status, run.message)
 
-    subprocess.run(launcher + [WORKER, str(folder), '--resume', *args], check=True, timeout=600, env=ENV)
+    warm.run(launcher + [WORKER, str(folder), '--resume', *args], check=True, timeout=600, env=ENV)
     a, b = final(tmp_path / 'straight'), final(folder)
     assert a['step'] == b['step'] == total
     assert all(torch.equal(a['model'][k], b['model'][k]) for k in a['model'])

@@ -3,11 +3,12 @@ tests start): the same behaviour, checked against the Learner's own history; run
 checkpoint resumed into another registry, registries merged by UUID, across back ends); a server's schema checked for
 objects nbtrainer does not make; a password never shown."""
 
-import subprocess, warnings
+import warnings
 
 import pytest
 
 from conftest import BIN, EndAt
+import warm
 from nbtrainer import Checkpointer, Tracker, runs
 from nbtrainer.experiments import merge
 from nbtrainer.registry import connect, database_errors, location, transaction
@@ -41,7 +42,7 @@ def test_paging_and_the_study_filter(registry):
     page = runs(db, limit=2, offset=1)
     assert [r.id for r in page] == [4, 3] and page.total == 5 and 'runs 2 to 3 of 5' in str(page)
     assert [r.id for r in runs(db, study='a')] == [5, 3, 1] and runs(db, study='a', limit=1).total == 3
-    out = subprocess.run([BIN / 'nbtrainer-runs', str(db), '--limit', '2'], capture_output=True, text=True, timeout=120)
+    out = warm.run([BIN / 'nbtrainer-runs', str(db), '--limit', '2'], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and 'runs 1 to 2 of 5' in out.stdout, out.stderr
 
 
@@ -89,7 +90,7 @@ def test_registries_merge_by_uuid_across_back_ends(postgres_server, tmp_path, di
     assert by_uid[branch.parent['uid']].id == branch.parent['run']  # renumbered to its id here
     assert merge(into, source) == (0, 0) and branch_parent.uid in by_uid
     third = tmp_path / 'third' / 'runs.db'  # the command line: each source in turn, into a new file
-    out = subprocess.run(
+    out = warm.run(
         [BIN / 'nbtrainer-runs', 'merge', str(third), str(into), str(source)],
         capture_output=True,
         text=True,
@@ -144,7 +145,7 @@ def test_a_readers_connection_cannot_write_and_a_password_is_never_shown(postgre
     with pytest.raises(OSError) as refused:
         runs(wrong)
     assert 'wrong-pw' not in str(refused.value) and 'cannot be reached, or refused' in str(refused.value)
-    out = subprocess.run([BIN / 'nbtrainer-runs', wrong], capture_output=True, text=True, timeout=120)
+    out = warm.run([BIN / 'nbtrainer-runs', wrong], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and 'wrong-pw' not in out.stderr + out.stdout
 
 

@@ -47,9 +47,7 @@ def test_a_script_killed_anywhere_and_rerun_with_resume_ends_as_the_uninterrupte
         folder = tmp_path / f'killed-{at}'
         killed = warm.run(WORKER + [str(folder), str(phases), '--kill-at', at], timeout=300)
         assert killed.returncode == -signal.SIGKILL, at
-        rerun = subprocess.run(
-            WORKER + [str(folder), str(phases), '--resume'], capture_output=True, text=True, timeout=300
-        )
+        rerun = warm.run(WORKER + [str(folder), str(phases), '--resume'], capture_output=True, text=True, timeout=300)
         assert rerun.returncode == 0, (at, rerun.stderr[-3000:])
         got = final(folder)
         for key in ('model', 'optimizer', 'history', 'losses', 'step', 'calls'):

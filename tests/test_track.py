@@ -192,9 +192,9 @@ def test_command_line(tmp_path):
     assert lines[0].split()[:3] == ['id', 'study', 'status'] and len(lines) == 3
     assert lines[2].split()[:3] == ['2', 'b', 'finished'] and lines[2].endswith('study b')
     (tmp_path / 'junk.db').write_text('junk' * 1000)
-    bad = subprocess.run([str(script), str(tmp_path / 'junk.db')], capture_output=True, text=True, timeout=120)
+    bad = warm.run([str(script), str(tmp_path / 'junk.db')], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and 'not a readable nbtrainer experiment database' in bad.stderr
-    missing = subprocess.run([str(script), str(tmp_path / 'none.db')], capture_output=True, text=True, timeout=120)
+    missing = warm.run([str(script), str(tmp_path / 'none.db')], capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and 'no experiment database at' in missing.stderr
 
 

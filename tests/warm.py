@@ -6,39 +6,70 @@ what an import reads) starts cold, as `subprocess` does.
 The forked process is the script's own: its pid takes signals (SIGKILL, SIGTERM) and `start_new_session`; it runs the
 script as `__main__` with the given argv, environment, folder and standard streams, then exits as the interpreter would
 (non-daemon threads joined, atexit run, streams flushed). Its exit status comes back through the server, as
-`Popen.returncode` does (`-9` when killed). One server per pytest process, started at the first use, ended at exit."""
+`Popen.returncode` does (`-9` when killed). One server per pytest process, started at the first use, ended at exit.
+A console script this environment installed (`.venv/bin/nbtrainer-runs`, its first line this interpreter) is a worker
+script too."""
 
 import atexit, io, json, os, select, shutil, signal, socket, subprocess, sys, tempfile, threading, time
 from pathlib import Path
 
 # An environment differing in these from the server's starts cold: torch and nbtrainer read them at import
 IMPORT_TIME = ('OMP_', 'MKL_', 'KMP_', 'TORCH', 'CUDA', 'PYTHON', 'LD_', 'NBTRAINER_')
+# ...except these, which torch sets in a process that compiled (inductor's cache folder) and reads only when compiling
+SET_BY_TORCH = {'TORCHINDUCTOR_CACHE_DIR'}
 _server = None
 
 
-def _warm_script(argv, env):
-    "The script to start warm, or None to start `argv` cold."
-    if sys.platform != 'linux' or len(argv) < 2 or str(argv[0]) != sys.executable or not str(argv[1]).endswith('.py'):
-        return None  # Linux: the server ends with its parent by prctl
-    differs = {k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k)}
-    return None if any(k.startswith(IMPORT_TIME) for k in differs) else str(argv[1])
+def _installed_script(path):
+    "Whether `path` is a script whose first line runs this interpreter (a console script of this environment)."
+    if os.sep not in path or not os.path.isfile(path):
+        return False
+    with open(path, 'rb') as f:
+        first = f.readline(4096).decode(errors='replace')
+    here = os.path.dirname(sys.executable)
+    runs = first[2:].strip() if first.startswith('#!') else ''
+    return os.path.dirname(runs) == here and os.path.realpath(runs) == os.path.realpath(sys.executable)
+
+
+def _script_argv(argv, env):
+    "The script's argv (its path first) to start warm, or None to start `argv` cold."
+    argv = [str(a) for a in argv]
+    if sys.platform != 'linux':
+        return None  # Linux: SOCK_SEQPACKET and passing descriptors as this module does them
+    if len(argv) >= 2 and argv[0] == sys.executable and argv[1].endswith('.py'):
+        script = argv[1:]
+    elif argv and _installed_script(argv[0]):
+        script = argv
+    else:
+        return None
+    imported_with = _server.env if _server else os.environ  # what the server's imports read
+    differs = {k for k in set(env) | set(imported_with) if env.get(k) != imported_with.get(k)} - SET_BY_TORCH
+    return None if any(k.startswith(IMPORT_TIME) for k in differs) else script
 
 
 class _Server:
     def __init__(self):
-        self.folder = tempfile.mkdtemp(prefix='nbtrainer-warm-')
+        self.folder, self.env = tempfile.mkdtemp(prefix='nbtrainer-warm-'), dict(os.environ)
         self.path = f'{self.folder}/socket'
+        # The server ends when this pipe does, as this process ends however it ends (not PR_SET_PDEATHSIG: that fires
+        # when the thread that started the server ends, and a test may start it from a thread)
+        alive, self.alive = os.pipe()
         with open(f'{self.folder}/server.log', 'w') as log:  # not pytest's streams: nothing here may hold them open
             self.process = subprocess.Popen(
-                [sys.executable, __file__, self.path], stdin=subprocess.DEVNULL, stdout=log, stderr=log
+                [sys.executable, __file__, self.path, str(alive)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                pass_fds=[alive],
             )
+        os.close(alive)
         atexit.register(self.stop)
 
     def connect(self):
         from nbtrainer.testing import wait_for
 
         def connected():
-            assert self.process.poll() is None, Path(f'{self.folder}/server.log').read_text()[-3000:]
+            assert self.process.poll() is None, self.log_tail()
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message a send: no framing to do
             try:
                 sock.connect(self.path)
@@ -49,6 +80,9 @@ class _Server:
 
         return wait_for(connected, 'the warm server to listen', timeout=120, every=0.01)
 
+    def log_tail(self):
+        return Path(f'{self.folder}/server.log').read_text()[-3000:]
+
     def stop(self):
         self.process.kill()
         self.process.wait()
@@ -56,11 +90,11 @@ class _Server:
 
 
 class Popen:
-    "`subprocess.Popen` for a worker script (see the module's doc); stdout and stderr may be files, PIPE or None."
+    "`subprocess.Popen` for a worker script (see the module's doc); stdout and stderr may be files, PIPE, DEVNULL or None."
 
     def __new__(cls, argv, env=None, cwd=None, stdout=None, stderr=None, text=False, start_new_session=False):
         env = dict(os.environ if env is None else env)
-        if _warm_script(argv, env) is None:
+        if _script_argv(argv, env) is None:
             return subprocess.Popen(
                 argv, env=env, cwd=cwd, stdout=stdout, stderr=stderr, text=text, start_new_session=start_new_session
             )
@@ -70,10 +104,14 @@ class Popen:
         global _server
         if _server is None:
             _server = _Server()
+        env = dict(os.environ if env is None else env)
         self.args, self.returncode, self._text = list(argv), None, text
         streams, ours = [0], []
         for given, inherited in ((stdout, 1), (stderr, 2)):
-            if given == subprocess.PIPE:
+            if given == subprocess.DEVNULL:
+                streams.append(os.open(os.devnull, os.O_WRONLY))
+                ours.append(None)
+            elif given == subprocess.PIPE:
                 read, write = os.pipe()
                 streams.append(write)
                 ours.append(open(read, 'r' if text else 'rb'))
@@ -83,16 +121,24 @@ class Popen:
                 ours.append(None)
         self.stdout, self.stderr = ours
         request = {
-            'argv': [str(a) for a in argv[1:]],
-            'env': dict(os.environ if env is None else env),
+            'argv': _script_argv(argv, env),
+            'env': env,
             'cwd': str(cwd or os.getcwd()),
             'new_session': start_new_session,
         }
         self._sock = _server.connect()
-        socket.send_fds(self._sock, [json.dumps(request).encode()], streams)
-        for fd, given in zip(streams[1:], (stdout, stderr)):
-            if given == subprocess.PIPE:
-                os.close(fd)  # the child has it: EOF when the child exits
+        try:
+            socket.send_fds(self._sock, [json.dumps(request).encode()], streams)
+        except BaseException:
+            self._sock.close()  # else the server waits for this request, and every later one behind it
+            raise
+        finally:
+            for fd, given in zip(streams[1:], (stdout, stderr)):
+                if given in (subprocess.PIPE, subprocess.DEVNULL):
+                    os.close(fd)  # the child has it (a pipe's EOF comes when the child exits)
+        if not select.select([self._sock], [], [], 120)[0]:  # a fork: milliseconds, unless the server is stuck
+            self._sock.close()
+            raise TimeoutError(f'the warm server did not start {self.args[1:2]} in 120 s: {_server.log_tail()}')
         self.pid = int(self._sock.recv(64))
 
     def poll(self):
@@ -223,12 +269,7 @@ def _supervise(conn, request, fds):
     os._exit(0)
 
 
-def serve(path):
-    import ctypes
-
-    ctypes.CDLL(None).prctl(
-        1, signal.SIGKILL
-    )  # PR_SET_PDEATHSIG: the server ends with the pytest process that started it
+def serve(path, alive):
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path + '.new')
     listener.listen(64)
@@ -237,15 +278,26 @@ def serve(path):
     os.rename(path + '.new', path)  # clients connect once the imports are done
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the supervisors are reaped as they end
     while True:
+        if alive in select.select([listener, alive], [], [])[0]:
+            os._exit(0)  # the pipe's end: the process that started this server has ended
         conn, _ = listener.accept()
-        message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+        conn.settimeout(60)  # a client sends its request as it connects
+        try:
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+        except OSError:
+            conn.close()
+            continue
         if os.fork() == 0:
-            listener.close()
-            _supervise(conn, json.loads(message), fds)
+            try:
+                listener.close()
+                os.close(alive)
+                _supervise(conn, json.loads(message), fds)
+            finally:
+                os._exit(1)  # never back into this loop: a second server (a client that left broke the pipe)
         conn.close()
         for fd in fds:
             os.close(fd)
 
 
 if __name__ == '__main__':
-    serve(sys.argv[1])
+    serve(sys.argv[1], int(sys.argv[2]))
