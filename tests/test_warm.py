@@ -14,6 +14,8 @@ print('to stderr', file=sys.stderr)
 atexit.register(print, 'atexit ran')
 if sys.argv[1] == 'imported':
     print('torch' in sys.modules)
+    import torch, nbtrainer.distributed
+    print(torch.get_num_threads(), nbtrainer.distributed.DEFAULT_TIMEOUT)
 if sys.argv[1] == 'sleep':
     time.sleep(300)
 if sys.argv[1] == 'raise':
@@ -48,7 +50,7 @@ def test_a_warm_script_is_its_own_process_and_starts_with_torch_imported(script)
     os.killpg(proc.pid, signal.SIGKILL)
     assert proc.wait(timeout=60) == -signal.SIGKILL
     out, _ = warm.Popen(script + ['imported'], stdout=subprocess.PIPE, text=True).communicate(timeout=120)
-    assert out.splitlines()[-2:] == ['True', 'atexit ran']
+    assert out.splitlines()[-3] == 'True' and out.splitlines()[-1] == 'atexit ran'
 
 
 def test_a_timeout_kills_the_script(script):
@@ -56,14 +58,31 @@ def test_a_timeout_kills_the_script(script):
         warm.run(script + ['sleep'], timeout=1)
 
 
-def test_what_an_import_reads_or_another_command_starts_cold(script):
-    "torch reads OMP_NUM_THREADS at import, nbtrainer NBTRAINER_DIST_TIMEOUT: a process forked after them cannot."
-    for env in ({**os.environ, 'OMP_NUM_THREADS': '2'}, {**os.environ, 'NBTRAINER_DIST_TIMEOUT': '5'}):
-        proc = warm.Popen(script + ['imported'], env=env, stdout=subprocess.PIPE, text=True)
-        assert type(proc) is subprocess.Popen
-        assert proc.communicate(timeout=120)[0].splitlines()[-2:] == ['False', 'atexit ran']
+def test_what_an_import_reads_is_read_under_the_scripts_own_environment(script):
+    "torch reads OMP_NUM_THREADS at import, nbtrainer NBTRAINER_DIST_TIMEOUT: each setting has a server of its own."
+    for change in ({'OMP_NUM_THREADS': '2'}, {'NBTRAINER_DIST_TIMEOUT': '5'}, {'OMP_NUM_THREADS': '2'}):
+        given = dict(env={**os.environ, **change}, capture_output=True, text=True, timeout=120)
+        ran, cold = warm.run(script + ['imported'], **given), subprocess.run(script + ['imported'], **given)
+        threads = min(int(given['env']['OMP_NUM_THREADS']), os.cpu_count())  # torch takes at most one a core
+        timeout = float(given['env'].get('NBTRAINER_DIST_TIMEOUT', 300))
+        assert ran.stdout.splitlines()[-3:-1] == ['True', f'{threads} {timeout}']  # warm, and read what it was given
+        assert cold.stdout.splitlines()[-3:-1] == ['False', f'{threads} {timeout}']
+    compiled = {**os.environ, 'TORCHINDUCTOR_CACHE_DIR': '/tmp/inductor'}  # torch sets it where it compiled
+    servers = len(warm._servers)
+    warm.run(script + ['exit', '0'], env=compiled, timeout=120)
+    assert len(warm._servers) == servers  # the cache folder is read as torch compiles, not as it is imported
     other = warm.Popen(['true'])
-    assert type(other) is subprocess.Popen and other.wait(timeout=60) == 0
+    assert type(other) is subprocess.Popen and other.wait(timeout=60) == 0  # another command starts cold
+
+
+def test_a_change_to_this_processs_environment_is_read_by_the_next_script(script, monkeypatch):
+    "A variable changed here after a server started: the next script's imports read the new value, as a cold one's."
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    warm.run(script + ['exit', '0'], timeout=120)  # a server is up
+    monkeypatch.setenv('OMP_NUM_THREADS', '2')
+    ran = warm.run(script + ['imported'], capture_output=True, text=True, timeout=120)
+    threads, timeout = min(2, os.cpu_count()), float(os.environ.get('NBTRAINER_DIST_TIMEOUT', 300))
+    assert ran.stdout.splitlines()[-3:-1] == ['True', f'{threads} {timeout}']
 
 
 def test_an_installed_console_script_starts_warm_and_ends_as_a_cold_one(tmp_path):
@@ -76,7 +95,7 @@ def test_an_installed_console_script_starts_warm_and_ends_as_a_cold_one(tmp_path
         ran, cold = warm.run([path, *args], **given), subprocess.run([path, *args], **given)
         assert (ran.returncode, ran.stdout) == (cold.returncode, cold.stdout), (ran, cold)
         assert ran.stderr.splitlines()[-1] == cold.stderr.splitlines()[-1]
-    assert warm.run([path, 'imported'], **given).stdout.splitlines()[-2:] == ['True', 'atexit ran']  # warm
+    assert warm.run([path, 'imported'], **given).stdout.splitlines()[-3] == 'True'  # warm
     runs = Path(sys.executable).parent / 'nbtrainer-runs'
     assert type(warm.Popen([runs, '--help'], stdout=subprocess.DEVNULL)) is warm.Popen
     ran, cold = warm.run([runs, '--help'], **given), subprocess.run([runs, '--help'], **given)
@@ -85,17 +104,6 @@ def test_an_installed_console_script_starts_warm_and_ends_as_a_cold_one(tmp_path
         cold.stdout,
         cold.stderr,
     ) and 'usage' in ran.stdout
-
-
-def test_the_environment_compared_is_the_one_the_server_imported_with(script, monkeypatch):
-    "A variable changed in this process after the server started is one the server's imports did not read."
-    warm.run(script + ['exit', '0'], timeout=120)  # the server is up
-    imported_with = dict(os.environ)
-    monkeypatch.setenv('OMP_NUM_THREADS', '3')
-    assert type(warm.Popen(script + ['exit', '0'])) is subprocess.Popen
-    assert type(warm.Popen(script + ['exit', '0'], env=imported_with)) is warm.Popen
-    compiled = {**imported_with, 'TORCHINDUCTOR_CACHE_DIR': '/tmp/inductor'}  # torch sets it where it compiled
-    assert type(warm.Popen(script + ['exit', '0'], env=compiled)) is warm.Popen
 
 
 def test_a_request_that_fails_to_send_leaves_the_server_serving(script):
@@ -110,12 +118,12 @@ def test_a_request_that_fails_to_send_leaves_the_server_serving(script):
 
 
 def test_a_server_started_from_a_thread_outlives_the_thread(script, monkeypatch):
-    monkeypatch.setattr(warm, '_server', None)  # this test's own server
+    monkeypatch.setattr(warm, '_servers', {})  # this test's own server
     codes = []
     thread = threading.Thread(target=lambda: codes.append(warm.run(script + ['exit', '0'], timeout=120).returncode))
     thread.start()
     thread.join()
-    server = warm._server
+    (server,) = warm._servers.values()
     try:
         assert codes == [0] and warm.run(script + ['exit', '3'], timeout=120).returncode == 3
     finally:
@@ -131,7 +139,7 @@ def test_the_server_ends_with_the_process_that_started_it(script, tmp_path):
         sys.path.insert(0, {str(Path(warm.__file__).parent)!r})
         import warm
         warm.run({script + ['exit', '0']!r}, timeout=120)
-        print(warm._server.process.pid, flush=True)
+        print(*[server.process.pid for server in warm._servers.values()], flush=True)
         os._exit(0)
     """
     done = subprocess.run([sys.executable, '-c', textwrap.dedent(code)], capture_output=True, text=True, timeout=300)

@@ -1,23 +1,32 @@
 """Worker scripts started warm: `run` and `Popen` work as `subprocess`'s do for `[sys.executable, SCRIPT, *args]`, but
 fork the script's process from a server that has imported torch and nbtrainer once (1.7 s of imports a process: about
-70 worker processes in a run of the suite). Anything else (other commands, interpreter flags, an environment that changes
-what an import reads) starts cold, as `subprocess` does.
+70 worker processes in a run of the suite). Anything else (other commands, interpreter flags) starts cold, as
+`subprocess` does.
 
 The forked process is the script's own: its pid takes signals (SIGKILL, SIGTERM) and `start_new_session`; it runs the
 script as `__main__` with the given argv, environment, folder and standard streams, then exits as the interpreter would
 (non-daemon threads joined, atexit run, streams flushed). Its exit status comes back through the server, as
-`Popen.returncode` does (`-9` when killed). One server per pytest process, started at the first use, ended at exit.
+`Popen.returncode` does (`-9` when killed). A server is started at the first use of an environment that changes what
+an import reads (`OMP_NUM_THREADS`, ...), with that environment: one or two per pytest process, ended as it ends.
 A console script this environment installed (`.venv/bin/nbtrainer-runs`, its first line this interpreter) is a worker
 script too."""
 
 import atexit, io, json, os, select, shutil, signal, socket, subprocess, sys, tempfile, threading, time
 from pathlib import Path
 
-# An environment differing in these from the server's starts cold: torch and nbtrainer read them at import
+# Variables torch and nbtrainer read at import: each setting of them has a server of its own
 IMPORT_TIME = ('OMP_', 'MKL_', 'KMP_', 'TORCH', 'CUDA', 'PYTHON', 'LD_', 'NBTRAINER_')
 # ...except these, which torch sets in a process that compiled (inductor's cache folder) and reads only when compiling
 SET_BY_TORCH = {'TORCHINDUCTOR_CACHE_DIR'}
-_server = None
+_servers = {}  # what the imports read -> its server
+
+
+def _server_for(env):
+    "The server whose imports read what a process started with `env` would read (started at its first use)."
+    read = tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME) and k not in SET_BY_TORCH))
+    if read not in _servers:
+        _servers[read] = _Server(env)
+    return _servers[read]
 
 
 def _installed_script(path):
@@ -31,7 +40,7 @@ def _installed_script(path):
     return os.path.dirname(runs) == here and os.path.realpath(runs) == os.path.realpath(sys.executable)
 
 
-def _script_argv(argv, env):
+def _script_argv(argv):
     "The script's argv (its path first) to start warm, or None to start `argv` cold."
     argv = [str(a) for a in argv]
     if sys.platform != 'linux':
@@ -42,14 +51,12 @@ def _script_argv(argv, env):
         script = argv
     else:
         return None
-    imported_with = _server.env if _server else os.environ  # what the server's imports read
-    differs = {k for k in set(env) | set(imported_with) if env.get(k) != imported_with.get(k)} - SET_BY_TORCH
-    return None if any(k.startswith(IMPORT_TIME) for k in differs) else script
+    return script
 
 
 class _Server:
-    def __init__(self):
-        self.folder, self.env = tempfile.mkdtemp(prefix='nbtrainer-warm-'), dict(os.environ)
+    def __init__(self, env):
+        self.folder = tempfile.mkdtemp(prefix='nbtrainer-warm-')
         self.path = f'{self.folder}/socket'
         # The server ends when this pipe does, as this process ends however it ends (not PR_SET_PDEATHSIG: that fires
         # when the thread that started the server ends, and a test may start it from a thread)
@@ -57,6 +64,7 @@ class _Server:
         with open(f'{self.folder}/server.log', 'w') as log:  # not pytest's streams: nothing here may hold them open
             self.process = subprocess.Popen(
                 [sys.executable, __file__, self.path, str(alive)],
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -93,18 +101,15 @@ class Popen:
     "`subprocess.Popen` for a worker script (see the module's doc); stdout and stderr may be files, PIPE, DEVNULL or None."
 
     def __new__(cls, argv, env=None, cwd=None, stdout=None, stderr=None, text=False, start_new_session=False):
-        env = dict(os.environ if env is None else env)
-        if _script_argv(argv, env) is None:
+        if _script_argv(argv) is None:
             return subprocess.Popen(
                 argv, env=env, cwd=cwd, stdout=stdout, stderr=stderr, text=text, start_new_session=start_new_session
             )
         return super().__new__(cls)
 
     def __init__(self, argv, env=None, cwd=None, stdout=None, stderr=None, text=False, start_new_session=False):
-        global _server
-        if _server is None:
-            _server = _Server()
         env = dict(os.environ if env is None else env)
+        server = _server_for(env)
         self.args, self.returncode, self._text = list(argv), None, text
         streams, ours = [0], []
         for given, inherited in ((stdout, 1), (stderr, 2)):
@@ -121,12 +126,12 @@ class Popen:
                 ours.append(None)
         self.stdout, self.stderr = ours
         request = {
-            'argv': _script_argv(argv, env),
+            'argv': _script_argv(argv),
             'env': env,
             'cwd': str(cwd or os.getcwd()),
             'new_session': start_new_session,
         }
-        self._sock = _server.connect()
+        self._sock = server.connect()
         try:
             socket.send_fds(self._sock, [json.dumps(request).encode()], streams)
         except BaseException:
@@ -138,7 +143,7 @@ class Popen:
                     os.close(fd)  # the child has it (a pipe's EOF comes when the child exits)
         if not select.select([self._sock], [], [], 120)[0]:  # a fork: milliseconds, unless the server is stuck
             self._sock.close()
-            raise TimeoutError(f'the warm server did not start {self.args[1:2]} in 120 s: {_server.log_tail()}')
+            raise TimeoutError(f'the warm server did not start {self.args[1:2]} in 120 s: {server.log_tail()}')
         self.pid = int(self._sock.recv(64))
 
     def poll(self):
