@@ -111,27 +111,24 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
             dash.locator('.nbtrainer-controls').first.screenshot(path=str(ARTIFACTS / 'fork-controls.png'))
             forks.first.click()
 
-            # the parent ends, the branch takes its place in the same output and trains from the fork point
-            parent_summary = cell(page, FIT).locator(f'.jp-OutputArea-output:has-text("forked at step {fork_step}")')
+            # the parent ends, the branch takes its place in the same output and trains from the fork point. The parent's
+            # summary first says the fork; it names the branch's run once the branch has one, above the branch's own
+            # dashboard, whose status is running (the parent's said paused, at a step past the fork too)
+            named = rf'Requests: paused at step {paused_at} · forked at step {fork_step} with lr 0\.005 → run [0-9a-f]{{12}}'
             branch = cell(page, FIT)
             deadline = time.time() + 180
             while True:
-                text = (
-                    branch.locator('.nbtrainer-status').inner_text()
-                    if branch.locator('.nbtrainer-status').count()
-                    else ''
-                )
-                found = re.search(r'step (\d+)', text)
-                if parent_summary.count() and found and int(found.group(1)) > fork_step + 10:
+                shown = branch.locator('.nbtrainer-status')
+                status = shown.first.inner_text() if shown.count() else ''
+                found = re.search(r'step (\d+)', status)
+                trained = found and 'paused' not in status and int(found.group(1)) > fork_step + 10
+                said = branch.inner_text()
+                if re.search(named, said) and trained:
                     break
-                assert time.time() < deadline, f'the branch did not train: {text!r}'
+                assert time.time() < deadline, (
+                    f'the branch did not train under a summary naming it: {status!r} {said!r}'
+                )
                 page.wait_for_timeout(100)
-            # the parent's summary above the branch's dashboard: what was pressed, where the branch went
-            said = branch.inner_text()
-            assert re.search(
-                rf'Requests: paused at step {paused_at} · forked at step {fork_step} with lr 0\.005 → run [0-9a-f]{{12}}',
-                said,
-            ), said
             assert 'resumed at step' not in said and 'lr 0.005 from step' not in said
             run_cell(page, STATE)  # the kernel is free: the awaited parent fit has ended
             box = page.locator(output('BRANCH-STATE')).first
