@@ -1,7 +1,7 @@
 """Worker scripts started warm: `run` and `Popen` work as `subprocess`'s do for `[sys.executable, SCRIPT, *args]`, but
 fork the script's process from a server that has imported torch and nbtrainer once (1.7 s of imports a process: about
-70 worker processes in a run of the suite). Anything else (other commands, interpreter flags) starts cold, as
-`subprocess` does.
+100 worker processes in a run of the suite, `nbtrainer-runs` included). Anything else (other commands, interpreter
+flags) starts cold, as `subprocess` does.
 
 The forked process is the script's own: its pid takes signals (SIGKILL, SIGTERM) and `start_new_session`; it runs the
 script as `__main__` with the given argv, environment, folder and standard streams, then exits as the interpreter would
@@ -98,7 +98,7 @@ class _Server:
 
 
 class Popen:
-    "`subprocess.Popen` for a worker script (see the module's doc); stdout and stderr may be files, PIPE, DEVNULL or None."
+    "`subprocess.Popen` for a worker script (see the module's doc); stdout and stderr: files, PIPE, DEVNULL or None."
 
     def __new__(cls, argv, env=None, cwd=None, stdout=None, stderr=None, text=False, start_new_session=False):
         if _script_argv(argv) is None:
