@@ -222,6 +222,21 @@ def pixel(page, selector):
     return wait_for(read, f'a decoded image {selector} on the page', timeout=60, every=0.05)
 
 
+def screenshot(locator, path, timeout=60):
+    """A screenshot of the first element `locator` matches, though a live output may replace it mid-shot (each update of
+    a dashboard draws its HTML anew, and a shot waits for the element to be stable first): taken again until one lands,
+    within `timeout` seconds."""
+    from playwright.sync_api import Error
+
+    deadline = time.time() + timeout
+    while True:
+        try:
+            return locator.first.screenshot(path=str(path), timeout=timeout * 1000)
+        except Error as e:
+            if 'not attached' not in str(e) or time.time() > deadline:
+                raise
+
+
 def boxes(dash, **selectors):
     """The bounding boxes of the first element matching each selector inside `dash`, read in one turn of the page (a
     live output replaced between two reads has no box); again until every one is shown."""
@@ -478,5 +493,28 @@ def test_dashboard_controls_endings_lr_finder_and_reattach_in_jupyterlab(lab):
         except Exception:
             page.screenshot(path=str(ARTIFACTS / 'failure.png'), full_page=True)
             raise
+        finally:
+            browser.close()
+
+
+def test_a_screenshot_of_an_element_replaced_as_it_is_taken_lands(tmp_path):
+    "An element a live output draws anew at every frame fails a plain shot; `screenshot` lands once the output settles."
+    from playwright.sync_api import Error, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page()
+            page.set_content('''<div id="out"></div><script>window.left = Infinity;
+                function draw() { document.getElementById('out').innerHTML =
+                    '<div class="fig" style="width: 40px; height: 40px; background: teal"></div>';
+                    if (--window.left > 0) requestAnimationFrame(draw); }
+                requestAnimationFrame(draw);</script>''')
+            page.locator('.fig').wait_for(timeout=60_000)
+            with pytest.raises(Error, match='not attached'):  # what one CI run beside two busy processes saw
+                page.locator('.fig').screenshot(path=str(tmp_path / 'plain.png'), timeout=60_000)
+            page.evaluate('window.left = 30')  # the output settles 30 frames from now
+            screenshot(page.locator('.fig'), tmp_path / 'shot.png')
+            assert (tmp_path / 'shot.png').stat().st_size > 0
         finally:
             browser.close()

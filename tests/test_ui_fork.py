@@ -25,6 +25,7 @@ from test_ui import (
     output,
     read_saved,
     run_cell,
+    screenshot,
     slow_mlp,
     wait_for_status,
 )
@@ -80,7 +81,7 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
                 page.wait_for_timeout(100)
             assert forks.count() == 0  # running: nothing to fork from yet
 
-            dash.locator('.nbtrainer-figure').first.screenshot(path=str(ARTIFACTS / 'long-legend.png'))
+            screenshot(dash.locator('.nbtrainer-figure'), ARTIFACTS / 'long-legend.png')  # replaced as the fit runs
             control(dash, 'Pause').click()
             paused_at = int(wait_for_status(page, dash, r'paused at step (\d+)').group(1))
             assert dash.locator('.nbtrainer-head').inner_text() == f'Paused at step {paused_at}:'
@@ -108,7 +109,7 @@ def test_a_rows_fork_control_during_a_paused_fit_trains_a_branch(lab):
             fork_step = offered[0]
             assert fork_step < paused_at
             page.screenshot(path=str(ARTIFACTS / 'fork-paused.png'))
-            dash.locator('.nbtrainer-controls').first.screenshot(path=str(ARTIFACTS / 'fork-controls.png'))
+            screenshot(dash.locator('.nbtrainer-controls'), ARTIFACTS / 'fork-controls.png')
             forks.first.click()
 
             # the parent ends, the branch takes its place in the same output and trains from the fork point. The parent's
