@@ -228,13 +228,15 @@ def screenshot(locator, path, timeout=60):
     within `timeout` seconds."""
     from playwright.sync_api import Error
 
-    deadline = time.time() + timeout
-    while True:
+    def shot():
         try:
             return locator.first.screenshot(path=str(path), timeout=timeout * 1000)
         except Error as e:
-            if 'not attached' not in str(e) or time.time() > deadline:
-                raise
+            if 'not attached' not in str(e):
+                raise  # any other failure is the test's
+            return None  # replaced mid-shot: again
+
+    wait_for(shot, f'a screenshot of {locator} while it was not being replaced', timeout=timeout, every=0.05)
 
 
 def boxes(dash, **selectors):
