@@ -32,7 +32,7 @@ from nbtrainer.runfiles import (
 )
 
 # %% ../nbs/08_checkpoint.ipynb #12543a95
-FORMAT = 'nbtrainer-checkpoint-3'
+FORMAT = 'nbtrainer-checkpoint-4'
 ROW_WIDTH = len(Recorder.columns)  # the Recorder's per-batch columns, as float64 rows
 ROW_BYTES = 8 * ROW_WIDTH
 _PREFIXES = ('module.', '_orig_mod.')
@@ -252,7 +252,7 @@ def saved_batch_rows(state, path):
     file = side_file(
         Path(path).parent, rows['file'], path
     )  # beside the checkpoint: the folder may have been copied or moved
-    count, step = rows['rows'], state.get('progress', {}).get('step', state.get('step'))
+    count, step = rows['rows'], (part_state(state, 'fit_progress') or {}).get('step', state.get('step'))
     if not (isinstance(count, int) and count >= 0 and isinstance(rows.get('last', []), list)):
         raise BadFileError(
             f'{path} is not a checkpoint nbtrainer wrote, or was altered: its per-batch rows are {count!r}'
@@ -294,8 +294,22 @@ def remember_loaded_rows(recorder, rows):
         _loaded_from.pop(recorder, None)
 
 # %% ../nbs/08_checkpoint.ipynb #6ae1b60d
+# format 3 filed these parts' states under other names; from format 4 on each is under its part's (`learn.parts()`)
+FORMAT_3_NAMES = {
+    'fit_progress': 'progress',
+    'data_pass': 'pass',
+    'param_groups': 'groups',
+    'data_pass_by_rank': 'pass_by_rank',
+}
+
+
+def part_state(state, name):
+    "The state a checkpoint of any format holds for the part `name` (under format 3's name too), or None."
+    return state.get(name, state.get(FORMAT_3_NAMES.get(name)))
+
+
 def upgrade_checkpoint(state):
-    "Checkpoints of earlier formats, in format 3's shape: per-batch rows beside the Recorder, the parts' states by name."
+    "Checkpoints of earlier formats, in this format's shape: per-batch rows beside the Recorder, the parts' states by name."
     recorder = state['callbacks'].get('Recorder', {})
     if 'batches' in recorder:  # format 1 kept the per-batch columns inside the Recorder's state
         columns = recorder.pop('batches')
@@ -303,17 +317,20 @@ def upgrade_checkpoint(state):
         state['batches'] = {
             'rows': torch.tensor([columns[c] for c in Recorder.columns], dtype=torch.float64).T.reshape(-1, ROW_WIDTH)
         }
-    if 'progress' not in state:  # format 2 kept the loop's counters flat
+    if part_state(state, 'fit_progress') is None:  # format 2 kept the loop's counters flat
         position = state['position']
         state['data'] = state.get('data')
-        state['progress'] = {
+        state['fit_progress'] = {
             'epoch': position['epoch'],
             'step': state['step'],
             'fit_start': state['fit_start'],
             'last_eval_step': state['last_eval_step'],
         }
-        state['pass'] = {k: v for k, v in position.items() if k != 'epoch'}
+        state['data_pass'] = {k: v for k, v in position.items() if k != 'epoch'}
         state['precision'] = {'scaler': state['scaler']} if state.get('scaler') else {}
+    for name, old in FORMAT_3_NAMES.items():  # an upgrade is idempotent: a state upgraded already is unchanged
+        if old in state:
+            state[name] = state.pop(old)
     for kept in state['callbacks'].values() if state.get('format') != FORMAT else ():  # format 2 kept paths, not names
         if isinstance(kept, dict) and {'last', 'best'} <= set(kept):
             kept['last'] = [Path(p).name for p in kept['last']]

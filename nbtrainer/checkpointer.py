@@ -156,7 +156,7 @@ class Checkpointer(Callback):
         self._save(f'step-{learn.step}.pt', self._keep_last)
 
     def after_epoch(self):
-        if self.every_epoch and self.learn.progress.epoch_done:
+        if self.every_epoch and self.learn.fit_progress.epoch_done:
             self._save(f'epoch-{self.learn.epoch}.pt', self._keep_last)
 
     def _keep_eval(self, name):

@@ -188,6 +188,22 @@ class EventScope:
             host(self.after)
         return True
 
+    def run(self, f):
+        "`f()` in the scope, as a call: True if it ran to its end, False if this scope's cancel ended it (or skipped it)."
+        host = self.host
+        try:
+            if host._events[self.before]:
+                host(self.before)
+            f()
+        except self.cancel:
+            host(self.after_cancel)
+            done = False
+        else:
+            done = True
+        if host._events[self.after]:
+            host(self.after)
+        return done
+
     def _close_always(self, kind, exc, held):
         "Close the fit's scope: `last`, then the closing events, which reach every callback even if some raise."
         host = self.host
@@ -250,7 +266,7 @@ def _default_callbacks(progress, dashboard, display, preemption, skip_nonfinite,
         defaults.append(_hook('fork_points', 'Learner(fork_points=N)')(fork_points))
     return defaults
 
-# %% ../nbs/00_core.ipynb #14cde17a
+# %% ../nbs/00_core.ipynb #af2b151b
 class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its names are the parts'
     "Train `model` on `train_dl` with `loss_func` and an optimizer from `opt_func`; callbacks see every step."
 
@@ -289,10 +305,10 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
         self.valid_dl = valid_dl  # the validation sets (a loader, or several: a dict by name, a list), checked
         clip_grad_norm = check_arguments(loss_func, compile, clip_grad_norm)
         self.device = resolve_device(device)  # then the parts: nbs/00f_parts.ipynb
-        self.precision, self.progress = MixedPrecision(precision, self.device), FitProgress()
+        self.precision, self.fit_progress = MixedPrecision(precision, self.device), FitProgress()
         self.strategy = make_strategy(strategy, distributed, sync_bn)  # it wraps the model and shards the loader first
         self.window = self.strategy.window(self, accumulate)  # the accumulation window (DDP's makes its counts global)
-        self.progress.reproducibility = reproducibility(deterministic)  # before the model first runs
+        self.fit_progress.reproducibility = reproducibility(deterministic)  # before the model first runs
         self.param_groups = param_groups_for(model, splitter, opt_func)  # the plain model's, before DDP wraps it
         names = {id(p): n for n, p in model.named_parameters()}
         self.model, train_dl = self.strategy.prepare(model.to(self.device), self.device, train_dl, self.precision)
@@ -410,7 +426,7 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
     def _plan_fit(self, eval_subset, lr, reset_opt, resume, allow_changes, epochs, steps, steps_per_epoch, eval_every):
         check_plan(epochs, steps, steps_per_epoch, eval_every)
         n_batches = check_fit_loaders(self.train_dl, self.valid_dl, epochs, steps_per_epoch)
-        progress, continuing = self.progress, self.progress.continuing
+        progress, continuing = self.fit_progress, self.fit_progress.continuing
         plan = dict(epochs=epochs, steps=steps, steps_per_epoch=steps_per_epoch, eval_every=eval_every)
         progress.start_fit(bool(resume), **plan, eval_subset=eval_subset, lr=lr, reset_opt=reset_opt)
         if resume:  # the hook nbtrainer.resume fills: the whole state back, the fit's start and position included
@@ -432,7 +448,7 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
         "The fit in its scope, whose closing events (`after_fit`) reach every callback whatever ended it."
         self.fit_state.running, self.fit_state.thread, self.grad_norm = True, threading.get_ident(), None
         self.fit_state.outcome = self.fit_state.exception = None
-        progress = self.progress
+        progress = self.fit_progress
         try:
             self.zero_grad()
             self.strategy.start_fit(self)
@@ -448,7 +464,7 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
 
     def _epochs(self):
         "The fit's epochs, each in its scope; then the evaluations due after the last."
-        progress = self.progress
+        progress = self.fit_progress
         while progress.more_epochs():
             with self._dispatch.epoch as running:  # before_epoch; after_cancel_epoch (if cancelled), after_epoch
                 if running:
@@ -470,16 +486,16 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
                 if running:
                     self._train()
             self.strategy.end_train(self)  # DDP: a stop asked on any rank, at the end of training
-        self.progress.epoch_done = True  # training is complete: a checkpoint from now on resumes at the next epoch
-        if not self.progress.steps_per_epoch:
+        self.fit_progress.epoch_done = True  # training is complete: a checkpoint from now on resumes at the next epoch
+        if not self.fit_progress.steps_per_epoch:
             self.data_pass.end()  # the next epoch starts a pass of its own
-        if not self.progress.eval_every:
+        if not self.fit_progress.eval_every:
             self._fit_evaluation()
 
     def _train(self):
         "The training phase: batches from the pass under way (or new passes) until this epoch's last step."
         self._set_phase(True)
-        self.dl, data, progress = self.train_dl, self.data_pass, self.progress
+        self.dl, data, progress = self.train_dl, self.data_pass, self.fit_progress
         self.model.train()
         self._check_next, self._read_pairs = True, self._plain_batches()
         if self.window.backwards:
@@ -519,9 +535,12 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
         with scope as running:  # before_batch; after_cancel_batch (if cancelled), after_batch
             with scope.cancellable:  # a CancelBatchException ends this block: the window's step still comes
                 if running:
-                    with self.precision.context:  # bf16, fp16: forward and loss in low precision
-                        self._forward()  # predict, after_pred
-                        self._loss()  # get_loss, after_loss
+                    context = self.precision.context  # bf16, fp16: forward and loss in autocast (fp32: None)
+                    if context is None:
+                        self._forward_and_loss()  # predict, after_pred, get_loss, after_loss
+                    else:
+                        with context:
+                            self._forward_and_loss()
                     if training:
                         backward = self._backward()  # before_backward, backward, after_backward
                     else:
@@ -531,8 +550,8 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
                 self._update()  # before_step, clipping, update_weights, after_step
                 self.zero_grad()
 
-    def _forward(self):
-        "The forward pass, and the first batch's checks."
+    def _forward_and_loss(self):
+        "The forward pass and the loss, each followed by its event; the phase's first batch is checked."
         try:
             self.predict()
         except Exception as e:
@@ -543,9 +562,6 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
             self._check_first_batch()
         if self._events['after_pred']:
             self('after_pred')
-
-    def _loss(self):
-        "The loss, checked on the phase's first batch."
         self.get_loss()
         if self._check_next:
             self._check_next = False
@@ -555,26 +571,23 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
 
     def _backward(self):
         "The backward pass in its scope, of `loss_grad`: the batch's share of the step's loss (callbacks may rescale it)."
-        window, done = self.window, False
+        window = self.window
         self.loss_grad = self.loss if window.step_examples is self.bs else window.share(self.loss, self.bs)
-        with self._dispatch.backward as running:  # before_backward; after_cancel_backward, after_backward
-            if running:
-                self.backward()
-                done = True  # its examples count in the window
-        return done
+        return self._dispatch.backward.run(self.backward)  # True if it ran: its examples count in the window
 
     def _update(self):
-        "The optimizer step of a closed window in its scope: clipping, the update, the count."
-        precision = self.precision
-        with self._dispatch.step as running:  # before_step; after_cancel_step (if cancelled), after_step
-            if running:
-                if self.clip_grad_norm is not None:
-                    precision.unscale(self.opt)  # fp16: clip the true gradients
-                    self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
-                self.update_weights()
-                self.progress.step += 1
-        if precision.unscaled:
-            precision.end_step()
+        "The optimizer step of a closed window in its scope (before_step, after_step); a cancelled fp16 step is closed."
+        self._dispatch.step.run(self._clip_and_update)
+        if self.precision.unscaled:
+            self.precision.end_step()
+
+    def _clip_and_update(self):
+        "The step's work: clipping (fp16: of the unscaled gradients), the update, the count."
+        if self.clip_grad_norm is not None:
+            self.precision.unscale(self.opt)  # fp16: clip the true gradients
+            self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
+        self.update_weights()
+        self.fit_progress.step += 1
 
     # ---- validation, and the fit's evaluations ----
     def validate(self, dl=None, ema=False):
@@ -604,9 +617,9 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
     def _fit_evaluation(self, full=False):
         "One of the fit's evaluations (`learn.evaluating`): validate each set, add a history row, fire `after_eval`."
         validation, values = self.validation, {}
-        self.progress.last_eval_step, validation.evaluating = self.step, True
+        self.fit_progress.last_eval_step, validation.evaluating = self.step, True
         try:  # the fit's sets (or their subsets; at the fit's last, the whole sets too), or the whole sets (`full`)
-            for name, dl, prefix in validation.evaluations(full, self.progress.fit_ends_now()):
+            for name, dl, prefix in validation.evaluations(full, self.fit_progress.fit_ends_now()):
                 values.update(self._run_validate(dl, prefix=prefix, name=name))
             validation.values = values
             self.strategy.end_evaluation(self)  # DDP: the training statistics since the last row, summed

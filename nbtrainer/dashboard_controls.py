@@ -306,12 +306,12 @@ class Forks:
             return
         views, ancestors, curves = carry
         if self.forked is not None:  # a paused fit's fork: its summary names the branch, and goes above it
-            self.forked = step, lr, learn.progress.run_id
+            self.forked = step, lr, learn.fit_progress.run_id
             own = dashboard.static_summary(ancestors=False)
             ancestors = [*ancestors, (own['text/html'], own['text/plain'])]
         dashboard.carry = views, ancestors, curves
         try:
-            asyncio.run(learn.fit_async(**learn.progress.call, cbs=self._fit_cbs(), lr=lr))
+            asyncio.run(learn.fit_async(**learn.fit_progress.call, cbs=self._fit_cbs(), lr=lr))
         except BaseException:
             pass  # its own summary, in this output, says how it ended
 

@@ -116,7 +116,7 @@ def unfreeze(learn):
 def fine_tune(learn, epochs, base_lr=None, freeze_epochs=1, lr_mult=100, pct_start=0.3, div=5.0, **kwargs):
     "The head for `freeze_epochs`, then every group for `epochs` at lrs from `base_lr / 2 / lr_mult` to `base_lr / 2`."
     base_lr = learn.lr if base_lr is None else base_lr
-    with learn.progress.calling('fine_tune'):  # two fit calls, each recorded as fit_one_cycle in fine_tune
+    with learn.fit_progress.calling('fine_tune'):  # two fit calls, each recorded as fit_one_cycle in fine_tune
         if freeze_epochs:
             learn.freeze()
             learn.fit_one_cycle(freeze_epochs, slice(base_lr), pct_start=0.75, **kwargs)  # mostly warmup (fastai: 0.99)

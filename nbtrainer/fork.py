@@ -11,7 +11,7 @@ __all__ = ['ForkPoints']
 import copy
 
 from .callback import Callback, Order
-from .checkpoint import read_checkpoint
+from .checkpoint import part_state, read_checkpoint
 from .save_load import load_training_state, training_state
 from .core import Learner, fills, patch_to
 
@@ -48,7 +48,7 @@ def _fork_state(learn, step, checkpoint=None):
     "The state after the evaluation at `step`: a `checkpoint` file given, kept in memory by ForkPoints, or by a Checkpointer."
     if checkpoint is not None:
         state = read_checkpoint(checkpoint, learn.device)
-        saved_at = state.get('progress', {}).get('step')
+        saved_at = (part_state(state, 'fit_progress') or {}).get('step')
         if saved_at != step:
             raise ValueError(f'{checkpoint} holds the state of step {saved_at}, not {step}')
         return state, checkpoint
@@ -75,7 +75,7 @@ def fork(learn, step, checkpoint=None):
         raise TypeError(f'step must be an int, got {step!r}')
     state, source = _fork_state(learn, step, checkpoint)
     load_training_state(learn, state, source, allow_changes=True)  # a fork is this run: whatever was changed since
-    learn.progress.branch(step)
+    learn.fit_progress.branch(step)
     learn('after_fork')  # a Tracker starts the branch's run here, with its parent
     return learn
 

@@ -185,4 +185,4 @@ class MLflowLogger(Callback):
         "The Learner was forked: its next fit is a new run whose parent is the run of the fork point, at its step."
         resume, self._resume = self._resume, None
         if resume is not None:
-            self._parent = {'run': resume['run'], 'step': self.learn.progress.parent['step']}
+            self._parent = {'run': resume['run'], 'step': self.learn.fit_progress.parent['step']}

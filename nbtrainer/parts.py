@@ -200,30 +200,30 @@ def _delegate(part, name):
 
 
 class PartNames:
-    "The Learner's names for what its parts own (`learn.epoch` is `learn.progress.epoch`), and its snapshots."
+    "The Learner's names for what its parts own (`learn.epoch` is `learn.fit_progress.epoch`), and its snapshots."
 
     def parts(self):
         "The parts whose state a run keeps, by the name a checkpoint files their `state_dict()` under."
         return {
-            'progress': self.progress,
-            'pass': self.data_pass,
+            'fit_progress': self.fit_progress,
+            'data_pass': self.data_pass,
             'window': self.window,
             'precision': self.precision,
             'strategy': self.strategy,
-            'groups': self.param_groups,
+            'param_groups': self.param_groups,
         }
 
-    epoch, step = _delegate('progress', 'epoch'), _delegate('progress', 'step')  # callbacks may change them
-    fit_start, last_eval_step = _delegate('progress', 'fit_start'), _delegate('progress', 'last_eval_step')
-    n_epochs, n_steps = _delegate('progress', 'n_epochs'), _delegate('progress', 'n_steps')
-    eval_every, steps_per_epoch = _delegate('progress', 'eval_every'), _delegate('progress', 'steps_per_epoch')
-    reproducibility, accumulating = _delegate('progress', 'reproducibility'), _delegate('window', 'accumulating')
+    epoch, step = _delegate('fit_progress', 'epoch'), _delegate('fit_progress', 'step')  # callbacks may change them
+    fit_start, last_eval_step = _delegate('fit_progress', 'fit_start'), _delegate('fit_progress', 'last_eval_step')
+    n_epochs, n_steps = _delegate('fit_progress', 'n_epochs'), _delegate('fit_progress', 'n_steps')
+    eval_every, steps_per_epoch = _delegate('fit_progress', 'eval_every'), _delegate('fit_progress', 'steps_per_epoch')
+    reproducibility, accumulating = _delegate('fit_progress', 'reproducibility'), _delegate('window', 'accumulating')
     step_examples, batch_examples = _delegate('window', 'step_examples'), _delegate('window', 'batch_examples')
     fitting, evaluating = _delegate('fit_state', 'running'), _delegate('validation', 'evaluating')
     fit_outcome, fit_exception = _delegate('fit_state', 'outcome'), _delegate('fit_state', 'exception')
     metric_values, eval_row = _delegate('validation', 'values'), _delegate('validation', 'row')
     eval_prefix = _delegate('validation', 'fit_prefix')
-    probing = _delegate('progress', 'probing')  # None, or the probe run under way ('lr_find', 'profile')
+    probing = _delegate('fit_progress', 'probing')  # None, or the probe run under way ('lr_find', 'profile')
     valid_loss = property(lambda self: self.validation.loss, doc='The validation loss, accumulated on the device')
     accumulate = property(lambda self: self.window.n, doc='Micro-batches per optimizer step')
     window_size = property(lambda self: self.window.size, doc="The current window's micro-batches")
@@ -262,7 +262,7 @@ class PartNames:
         self.validation.set_loaders(sets)
 
     def train_end_step(self):
-        return self.progress.train_end_step()
+        return self.fit_progress.train_end_step()
 
     def wait_for_fit(self, timeout=None):
         "Block until no fit runs on this Learner (one in another thread, say); False if `timeout` seconds pass first."

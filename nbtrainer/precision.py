@@ -42,8 +42,8 @@ class MixedPrecision:
         self.scaler = torch.amp.GradScaler(self.device_type) if precision == 'fp16' else None
         self.skipped = torch.zeros((), dtype=torch.int64, device=device) if self.scaler is not None else None
         self.unscaled = False  # this step's gradients were divided by the scale already (the Learner reads it)
-        # what the loop's forward pass and loss run in: fp32's is entered without a call into this module
-        self.context = _FULL_PRECISION if self.dtype is None else _Autocast(self.device_type, self.dtype)
+        # what the loop's forward pass and loss run in; in fp32 nothing (None): a with costs calls even on a no-op
+        self.context = None if self.dtype is None else _Autocast(self.device_type, self.dtype)
 
     def __repr__(self):
         return f'MixedPrecision({self.name!r})'

@@ -255,7 +255,7 @@ class ProgressCallback(Callback):
     def after_fit(self):
         learn, bar = self.learn, self.epoch_bar
         if learn.fit_outcome != 'finished' and bar is not None:  # it ends at the epoch the fit ended in
-            bar.n, bar.total = learn.epoch + learn.progress.epoch_done, learn.epoch + 1
+            bar.n, bar.total = learn.epoch + learn.fit_progress.epoch_done, learn.epoch + 1
             bar.refresh()
             bar.write(describe_ending(learn), file=self.file)
         for bar in (self.valid_bar, self.batch_bar, self.epoch_bar):
@@ -269,7 +269,7 @@ def describe_start(learn):
     "The fit about to run, in one line: its plan, where it starts, the run."
     plan = f'{learn.n_epochs} epochs' if learn.n_epochs else f'{learn.n_steps} steps'
     steps = f', {learn.n_steps} steps' if learn.n_epochs and learn.n_steps else ''
-    return f'Fit started: {plan}{steps} from step {learn.step} (epoch {learn.epoch}), run {learn.progress.run_id}.'
+    return f'Fit started: {plan}{steps} from step {learn.step} (epoch {learn.epoch}), run {learn.fit_progress.run_id}.'
 
 
 def log_line(row):

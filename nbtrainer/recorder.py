@@ -322,7 +322,7 @@ class Recorder(Callback):
 
     def after_loss(self):
         learn = self.learn
-        progress = learn.progress
+        progress = learn.fit_progress
         self._queue.append(
             (learn.loss.detach(), learn.bs, progress.epoch, learn.iter, progress.step, learn.opt.param_groups[-1]['lr'])
         )

@@ -10,7 +10,7 @@ __all__ = []
 # %% ../nbs/08g_resume.ipynb #01c18d0d
 import warnings
 
-from .checkpoint import read_checkpoint
+from .checkpoint import part_state, read_checkpoint
 from .checkpointer import checkpointer_of, newest_readable
 from .core import Learner, fills, patch_to
 from .runfiles import BadFileError
@@ -27,10 +27,10 @@ def resume(learn, checkpoint=True, allow_changes=None, lr_given=False):
     compare = not (allow_changes is True or 'calls' in (allow_changes or ()))
     if allow_changes is not True:  # 'calls': another script's calls; the rest are parts of the configuration
         allow_changes = tuple(c for c in allow_changes or () if c != 'calls') or None
-    record = learn.progress.calls[-1]  # this call's plan, as given: what the resumed call follows
+    record = learn.fit_progress.calls[-1]  # this call's plan, as given: what the resumed call follows
     if checkpoint is not True:
         state = learn.load(checkpoint, allow_changes=allow_changes, strict=True, lr_given=lr_given)
-        learn.progress.continue_call(record)
+        learn.fit_progress.continue_call(record)
         return state
     skipped = set()
     while True:
@@ -42,14 +42,14 @@ def resume(learn, checkpoint=True, allow_changes=None, lr_given=False):
             state = read_checkpoint(path, learn.device)
             place = _place(learn, state, path, compare)
             if place == 'done':  # its run finished this call: nothing to train, nothing to load
-                learn.progress.skip_call()
+                learn.fit_progress.skip_call()
                 learn.fit_state.end()
             if place != 'this':
                 return None  # 'later': its run never reached this call, which starts from the state in memory
             if 'optimizer' not in state:
                 raise BadFileError(f'{path} holds weights only: not a checkpoint a fit resumes')
             state = load_training_state(learn, state, path, True, allow_changes, True, lr_given)
-            learn.progress.continue_call(record)
+            learn.fit_progress.continue_call(record)
             return state
         except BadFileError as e:  # all or nothing: the Learner is as it was, so the next one can be tried
             warnings.warn(f'resume=True skipped {path}: {e}', stacklevel=4)
@@ -58,12 +58,12 @@ def resume(learn, checkpoint=True, allow_changes=None, lr_given=False):
 
 def _place(learn, state, path, compare=True):
     "This fit call in the run of checkpoint `state` (`FitProgress.place`): 'done', 'this' or 'later'."
-    saved = state.get('progress')
+    saved = part_state(state, 'fit_progress')  # format 3 filed it as 'progress'
     if not isinstance(saved, dict):
         return 'this'  # an older format's: its fit is this one
     with malformed(path):
         try:
-            learn.progress.check_state(saved)
+            learn.fit_progress.check_state(saved)
         except ValueError as e:
             raise BadFileError(f'{path}: its progress state cannot be loaded: {str(e)[:300]}') from None
-        return learn.progress.place(saved, compare)
+        return learn.fit_progress.place(saved, compare)

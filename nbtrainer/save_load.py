@@ -59,7 +59,7 @@ def save(learn, path, batches_file=None):
     Under DDP every rank calls it; rank 0 writes. Under FSDP every rank calls it and writes its shards in a folder."""
     state = training_state(learn)  # every rank takes part: the strategy's collectives
     if batches_file is None:
-        batches_file = Path(path).parent / f'batches-{learn.progress.run_id}.f64'
+        batches_file = Path(path).parent / f'batches-{learn.fit_progress.run_id}.f64'
     if learn.strategy.sharded:
         return _save_shards(learn, state, Path(path), Path(batches_file))
     if state is None:
@@ -84,9 +84,9 @@ def training_state(learn):
         'model': None if sharded else plain_state_dict(learn.model.state_dict()),
         'optimizer': None if sharded else learn.opt.state_dict(),
         'lr': learn.lr,
-        **{name: part.state_dict() for name, part in learn.parts().items() if name != 'pass'},
-        'pass': passes[0],
-        **({'pass_by_rank': passes} if len(passes) > 1 else {}),
+        **{name: part.state_dict() for name, part in learn.parts().items() if name != 'data_pass'},
+        'data_pass': passes[0],
+        **({'data_pass_by_rank': passes} if len(passes) > 1 else {}),
         'batches': None,
         'callbacks': {k: v for k, v in callbacks.items() if v},
     }
@@ -267,7 +267,7 @@ def _check_states(learn, state, path, keys):
 
 def _check_groups(learn, state, path):
     "The checkpoint's parameter groups are this Learner's (another splitter is another configuration: a ValueError)."
-    saved = state.get('groups', {}).get('groups', len(learn.param_groups.groups))
+    saved = state.get('param_groups', {}).get('groups', len(learn.param_groups.groups))
     if saved != len(learn.param_groups.groups):
         raise ValueError(
             f'checkpoint {path} froze {saved} parameter groups, this Learner has {len(learn.param_groups.groups)}: '
@@ -307,9 +307,9 @@ def _check_training_state(learn, state, path, check_data=True, allow_changes=Non
         lrs = state['lr'] if isinstance(state['lr'], list) else [state['lr']]
         if not all(type(v) in (int, float) and math.isfinite(v) for v in lrs):
             raise BadFileError(f'{path} is not a checkpoint nbtrainer wrote, or was altered: its lr is {state["lr"]!r}')
-        by_rank = state.get('pass_by_rank')
+        by_rank = state.get('data_pass_by_rank')
         if by_rank is not None and len(by_rank) == learn.strategy.world:
-            state['pass'] = by_rank[learn.strategy.rank]
+            state['data_pass'] = by_rank[learn.strategy.rank]
         _check_states(learn, state, path, keys)
         rows, verify = saved_batch_rows(state, path)
     return state, keys, rows, verify

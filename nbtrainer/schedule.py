@@ -302,7 +302,7 @@ def fit_one_cycle(
     if 'momentum' in schedules and not any(_group_key('momentum', g) for g in learn.opt.param_groups):
         del schedules['momentum']  # an optimizer without momentum or betas: schedule the lr only
     cycle = dict(lr_max=lr_max, pct_start=pct_start, div=div, div_final=div_final, moms=moms)
-    with learn.progress.calling('fit_one_cycle', **cycle):  # the call a checkpoint records: a rerun compares them
+    with learn.fit_progress.calling('fit_one_cycle', **cycle):  # the call a checkpoint records: a rerun compares them
         return learn.fit(
             epochs,
             steps=steps,
@@ -412,7 +412,7 @@ class TorchScheduler(Callback):
 
     def after_epoch(self):
         if self.scheduler is not None and self.interval == 'epoch' and not self.plateau:
-            if self.learn.progress.epoch_done:
+            if self.learn.fit_progress.epoch_done:
                 self.scheduler.step()
 
     def after_eval(self):

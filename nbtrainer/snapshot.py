@@ -69,7 +69,7 @@ def probe_steps(learn, steps, cbs=(), name='probe'):
     "Train `steps` steps with `cbs`, no validation nor callbacks with side effects, then put the Learner back exactly."
     saved, modes = snapshot_of(learn), [m.training for m in learn.model.modules()]
     try:
-        learn.progress.probing = (
+        learn.fit_progress.probing = (
             name  # what callbacks read (learn.probing): these steps are not training; restore clears it
         )
         learn.remove_cbs([cb for cb in learn.cbs if getattr(cb, 'side_effects', False)])

@@ -81,7 +81,7 @@ def main(folder, phases, resume=False, kill_at=None):
             'history': history,
             'losses': learn.recorder.train_losses,
             'step': learn.step,
-            'calls': learn.progress.calls,
+            'calls': learn.fit_progress.calls,
         },
         folder / 'final.pt',
     )

@@ -746,7 +746,7 @@ def test_the_same_script_under_torchrun_and_plain_python(tmp_path):
     )
     one, two = (torch.load(tmp_path / d / 'final.pt', weights_only=True) for d in ('one', 'two'))
     assert (
-        one['progress']['step'] == two['progress']['step'] == 12
+        one['fit_progress']['step'] == two['fit_progress']['step'] == 12
     )  # 44 examples: global batches 8, 8, 8, 8, 8, 4 per epoch
     assert max((one['model'][k] - two['model'][k]).abs().max().item() for k in one['model']) < 1e-6
 

@@ -1,6 +1,6 @@
 """A fork from the registry in a fresh process: one process trains with fp16, accumulation and dropout, recording its
 run in a registry and its evaluations' states on disk, and exits; another process finds the run with `runs(db)`, forks
-it at an evaluation with `run.fork(step, build)` and continues with the same fit (`learn.progress.call`): its final
+it at an evaluation with `run.fork(step, build)` and continues with the same fit (`learn.fit_progress.call`): its final
 weights equal the original's bit for bit; a third forks there with a tenth of the lr, and the registry records the
 branch with its parent run and step."""
 
@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent('''
     else:
         run = next(r for r in runs(db) if r.parent is None)
         learn = run.fork(6, build)
-        learn.fit(**learn.progress.call, **({'lr': learn.lr / 10} if mode == 'branch' else {}))
+        learn.fit(**learn.fit_progress.call, **({'lr': learn.lr / 10} if mode == 'branch' else {}))
     torch.save({k: v.clone() for k, v in learn.model.state_dict().items()}, folder / f'{mode}.pt')
 ''')
 

@@ -561,7 +561,7 @@ def fork_from_shards(folder):
     forked.fork(8)
     at_fork = forked.step
     forked.fit(4, eval_every=4)
-    return full_weights(original), full_weights(forked), at_fork, forked.progress.parent
+    return full_weights(original), full_weights(forked), at_fork, forked.fit_progress.parent
 
 
 def test_a_fork_from_sharded_checkpoints_reproduces_the_run(tmp_path):

@@ -178,7 +178,7 @@ def crafted_sharded(folder, marker, slot):
         (path / '.metadata').write_bytes(pickle.dumps(Payload(marker)))
     elif slot == 'state.pt':
         state = torch.load(path / 'state.pt', weights_only=True)
-        state['progress'] = Payload(marker)
+        state['fit_progress'] = Payload(marker)
         torch.save(state, path / 'state.pt')
     elif slot == 'byte item':  # the optimizer's lr, pointed at a payload appended to the shard file
         from nbtrainer.runfiles import read_shard_metadata
@@ -197,7 +197,7 @@ def crafted_sharded(folder, marker, slot):
     return make_newest(path)
 
 
-SLOTS = [(crafted_plain, s) for s in ('model', 'optimizer', 'callbacks', 'pass')] + [
+SLOTS = [(crafted_plain, s) for s in ('model', 'optimizer', 'callbacks', 'data_pass')] + [
     (crafted_sharded, s) for s in ('metadata', 'state.pt', 'byte item')
 ]
 

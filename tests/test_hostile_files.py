@@ -184,7 +184,7 @@ def test_learn_save_replaces_a_link_and_never_writes_through_it(tmp_path, kind):
     learn.fit(1)
     folder = tmp_path / 'saved'
     plant(folder / 'model.pt', kind, victim)
-    plant(folder / f'batches-{learn.progress.run_id}.f64', kind, victim)
+    plant(folder / f'batches-{learn.fit_progress.run_id}.f64', kind, victim)
     before = tree(victim)
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')  # the side file in the link's place is replaced, with a warning
@@ -468,7 +468,7 @@ def test_a_pass_position_past_the_loader_is_refused_and_nothing_changes(place):
     folder, _ = place
     path = max((folder / 'ckpt').glob('eval-*.pt'), key=os.path.getmtime)
     state = torch.load(path, weights_only=True)
-    state['pass'] = {**state['pass'], 'batches_done': 10**15, 'epoch_start': state['pass']['rng']}
+    state['data_pass'] = {**state['data_pass'], 'batches_done': 10**15, 'epoch_start': state['data_pass']['rng']}
     torch.save(state, path)
     learn = make_learner(seed=5)
     weights = {k: v.clone() for k, v in learn.model.state_dict().items()}
@@ -510,11 +510,11 @@ def test_planner_data_and_tensor_sizes_are_bounded_by_what_the_folder_holds(tmp_
 def corrupt(state, where):
     "Damage one part of a checkpoint's state: a count out of range, a structure of the wrong kind, a bad value."
     if where == 'progress':
-        state['progress']['step'] = -3
+        state['fit_progress']['step'] = -3
     elif where == 'pass rng':
-        state['pass']['rng']['python'][1] = [0] * 10
+        state['data_pass']['rng']['python'][1] = [0] * 10
     elif where == 'groups':
-        state['groups']['frozen'] = 7
+        state['param_groups']['frozen'] = 7
     elif where == 'recorder':
         state['callbacks']['Recorder']['history'] = json.dumps([{'step': {'a': {'b': {'c': {'d': 1}}}}}])
     elif where == 'checkpointer':

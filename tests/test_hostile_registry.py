@@ -151,7 +151,7 @@ def test_crafted_checkpoint_folders_are_refused(tmp_path):
         raises(lambda: runs(db)[1].fork(12), *words)
         assert snapshot(tmp_path, leave_out=files) == before
     set_folder(db, original)
-    assert runs(db)[1].fork(12)['progress']['step'] == 12
+    assert runs(db)[1].fork(12)['fit_progress']['step'] == 12
     # an absolute folder that holds another registry's run of the same id: told apart by the runs' UUIDs, and refused
     set_folder(db, str(tmp_path / 'other' / 'ckpt'))
     raises(lambda: runs(db)[1].fork(12), 'holds the state of another run at step 12', "run 1 where", "not run 1's")
@@ -186,7 +186,7 @@ def test_crafted_rows_get_one_clear_error(tmp_path):
     (tmp_path / 'home' / 'elsewhere').mkdir()
     shutil.copy(tmp_path / 'home' / 'ckpt' / 'eval-12.pt', tmp_path / 'home' / 'elsewhere' / 'eval-12.pt')
     by_id = {r.id: r for r in runs(db)}
-    assert by_id[2].fork(12)['progress']['step'] == 12
+    assert by_id[2].fork(12)['fit_progress']['step'] == 12
     raises(lambda: by_id[3].fork(12), 'holds the state of another run at step 12 (run 1 where', "not run 3's")
 
 
@@ -380,7 +380,7 @@ def test_a_read_only_filesystem_is_read_and_refused_clearly(tmp_path):
         except OSError: writable = False
         found = runs(db)
         out = {{'writable': writable, 'notes': [r.notes for r in found], 'rows': len(found[1].history),
-               'fork': found[1].fork(12)['progress']['step']}}
+               'fork': found[1].fork(12)['fit_progress']['step']}}
         out['branch'] = [p.tolist() for p in found[1].fork(12, make).model.parameters()]
         try: found[0].note('changed'); out['note'] = None
         except PermissionError as e: out['note'] = str(e)

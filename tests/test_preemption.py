@@ -41,9 +41,9 @@ def preempted_then_resumed(tmp_path, launcher, ranks, accumulate):
     assert not (folder / 'final.pt').exists(), output
     saved = [torch.load(p, weights_only=True) for p in (folder / 'checkpoints').glob('step-*.pt')]
     assert len(saved) == 1, output  # the preemption's own checkpoint (the periodic ones come every 1000 steps)
-    step = saved[0]['progress']['step']
+    step = saved[0]['fit_progress']['step']
     total = 3 * 80 // accumulate // ranks  # 640 examples in batches of 8, sharded over the ranks
-    assert 5 <= step < total and saved[0]['pass']['batches_done'] % accumulate == 0  # at a step boundary
+    assert 5 <= step < total and saved[0]['data_pass']['batches_done'] % accumulate == 0  # at a step boundary
     from nbtrainer import runs
 
     run = runs(folder / 'runs.db')[-1]

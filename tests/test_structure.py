@@ -177,7 +177,7 @@ def test_time_is_read_from_nbtrainer_clock():
 
 
 # State has owners: the loop's state lives in parts (nbs/00f_parts.ipynb names them, each in its module) that the core
-# owns. Other modules change it through a part (`learn.progress.step`, `learn.window.step_examples`, ...) or through
+# owns. Other modules change it through a part (`learn.fit_progress.step`, `learn.window.step_examples`, ...) or through
 # these public setters, which the docs name as what callbacks may change: the batch under way (nbs/00_core.ipynb, "What
 # callbacks can read"), the lr and the loaders. `controls` is the running fit's Controls, which nbtrainer.control registers for the dashboard.
 PUBLIC_SETTERS = {'lr', 'lr_note', 'train_dl', 'valid_dl', 'batch', 'xb', 'yb', 'pred', 'loss', 'loss_grad', 'controls'}

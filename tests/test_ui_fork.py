@@ -43,7 +43,7 @@ learn = Learner(SlowMLP(), DataLoader(TensorDataset(x, y), batch_size=16, shuffl
                 metrics=[accuracy], cbs=[Controls(), Tracker('runs.db')])''',
     'await learn.fit_async(steps=40_000, eval_every=10)  # paused, then forked from its dashboard',
     "from nbtrainer.testing import wait_for\n"
-    "parent_run = learn.progress.parent\n"
+    "parent_run = learn.fit_progress.parent\n"
     "wait_for(lambda: any(r['step'] > parent_run['step'] for r in learn.recorder.history), 'the branch\\'s first "
     "evaluation row', seen=lambda: f'step {learn.step}, rows at {[r[\"step\"] for r in learn.recorder.history][-3:]}')\n"
     "print('BRANCH-STATE', json.dumps({'parent': parent_run, 'fitting': learn.fitting, 'step': learn.step, "
