@@ -8,8 +8,10 @@ them). For the same reason the Tracker's heartbeat (every 10 s of wall time) is 
 Needs valgrind (apt-get install valgrind). Takes a few minutes.
 
     python bench/instructions.py [--short 20] [--long 120] [--modes hand learner logging train_metrics tracker] [--jobs 2]
+    python bench/instructions.py --modes hand learner --layouts 3   # the median of 3 memory layouts
     python bench/instructions.py --modes hand_loader learner_loader
     python bench/instructions.py --modes hand_valid learner_valid --short 20 --long 420
+    NBTRAINER_TREE=/path/to/other/checkout python bench/instructions.py ...   # that tree's nbtrainer: A/B in one session
 
 The `_valid` modes validate `steps` batches and train none (the hand-written loop's validation, and `learn.validate()`):
 a validation batch's own cost, which a fit's step holds a fifth of.
@@ -31,7 +33,7 @@ Counts do not depend on the machine's load, so `--jobs` runs that many valgrind 
 
 """
 
-import argparse, os, re, shutil, subprocess, sys, tempfile
+import argparse, os, re, shutil, statistics, subprocess, sys, tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 
@@ -62,9 +64,16 @@ def dashboard_fit(learn, step_ms):
         learn.fit(1)
 
 
-def child(mode, steps, step_ms):
+def child(mode, steps, step_ms, layout=0):
+    tree = os.environ.get('NBTRAINER_TREE')  # another checkout's package, ahead of the installed (editable) one
+    if tree:
+        import importlib.machinery
+
+        sys.path.insert(0, tree)
+        sys.meta_path.insert(0, importlib.machinery.PathFinder)
     import torch
 
+    held = [object() for _ in range(layout * 997)]  # noqa: F841 (kept: later objects land at other addresses)
     sys.path.insert(0, os.path.dirname(__file__))
     import overhead as ov
     from nbtrainer import Learner, launch
@@ -148,7 +157,7 @@ def hand_written_loader_epoch(model, opt, train_dl, valid_dl, device):
         (total / n).item(), (correct / n).item()
 
 
-def count(mode, steps, step_ms=10):
+def count(mode, steps, step_ms=10, layout=0):
     "Instructions executed by a child process running `mode` for `steps` steps (by its ranks, for a DDP mode)."
     env = dict(
         os.environ, OPENBLAS_NUM_THREADS='1', OMP_NUM_THREADS='1', PYTHONHASHSEED='0'
@@ -168,6 +177,7 @@ def count(mode, steps, step_ms=10):
                 mode,
                 str(steps),
                 str(step_ms),
+                str(layout),
             ],
             capture_output=True,
             text=True,
@@ -203,18 +213,26 @@ def main():
     parser.add_argument('--modes', nargs='+', default=modes[:5], choices=modes)  # DDP, the dashboard: asked for by name
     parser.add_argument('--jobs', type=int, default=1, help='valgrind processes at once')
     parser.add_argument('--step-ms', type=float, default=10, help="the dashboard mode's fake time a training batch")
-    parser.add_argument('--child', nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument('--layouts', type=int, default=1, help='memory layouts a count is taken in (the median)')
+    parser.add_argument('--child', nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(args.child[0], int(args.child[1]), float(args.child[2]))
+        return child(args.child[0], int(args.child[1]), float(args.child[2]), int(args.child[3]))
     per_step = {}
     with ThreadPoolExecutor(args.jobs) as pool:  # each count is a valgrind process: threads only wait for them
+        layouts, lengths = range(args.layouts), (args.short, args.long)
         counts = {
-            (mode, n): pool.submit(count, mode, n, args.step_ms) for mode in args.modes for n in (args.short, args.long)
+            (mode, n, k): pool.submit(count, mode, n, args.step_ms, k)
+            for mode in args.modes
+            for k in layouts
+            for n in lengths
         }
-        for mode in args.modes:
-            extra = counts[mode, args.long].result() - counts[mode, args.short].result()
-            per_step[mode] = extra / (args.long - args.short)
+        for mode in args.modes:  # a layout moves a count by ~0.1% (hashes of addresses): the median of the layouts'
+            extras = [counts[mode, args.long, k].result() - counts[mode, args.short, k].result() for k in layouts]
+            per_step[mode] = statistics.median(extras) / (args.long - args.short)
+            if args.layouts > 1:
+                spread = ', '.join(f'{e / (args.long - args.short) / 1e6:.3f}' for e in extras)
+                print(f'  {mode:<14} layouts: {spread} M', flush=True)
             what = (
                 'both ranks'
                 if mode.startswith('ddp')

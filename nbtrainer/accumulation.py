@@ -30,10 +30,10 @@ class Accumulation:
 
     def place(self, data, index, bs, batch, exact=True):
         "A training micro-batch joins the window: the next of the window under way, or the first of a new one, planned."
-        if self.left:
+        if self.n == 1:  # no accumulation: each batch is its own window (of size 1 since `drop`)
+            self.step_examples = self.batch_examples = bs
+        elif self.left:
             self.take(bs)
-        elif self.n == 1:
-            self.open(1, bs, bs)  # no accumulation: each batch is its own window
         else:
             self.plan(data, index, bs, batch, exact)
 

@@ -44,11 +44,11 @@ class BatchReader:
             if x.device != device or y.device != device:  # a CPU loader's batch for a model on a GPU: moved first
                 x, y = to_device(x, device), to_device(y, device)
                 batch = type(batch)((x, y))
-            self.batch, self.xb, self.yb, self.weights, self.tokens, examples = batch, (x,), y, None, None, y.shape[0]
-        else:
-            self.batch = batch = to_device(batch, self.device)
-            self.xb, self.yb = self.split_batch(batch)
-            self.weights, self.tokens, examples = self.batch_weights(batch), self.target_tokens(), None
+            self.batch, self.xb, self.yb, self.weights, self.tokens, self.bs = batch, (x,), y, None, None, y.shape[0]
+            return
+        self.batch = batch = to_device(batch, self.device)
+        self.xb, self.yb = self.split_batch(batch)
+        self.weights, self.tokens = self.batch_weights(batch), self.target_tokens()
         padding = self.strategy.padding[self.training]  # DDP: (batch, row) of the example its sampler repeated
         if padding is not None and self.iter == padding[0]:
             self.weights = self._without_example(padding[1])  # it counts nowhere
@@ -58,7 +58,7 @@ class BatchReader:
         elif self.weights is not None:
             self.bs = self.weights.sum()
         else:
-            self.bs = examples if examples is not None else batch_size(self.yb if self.yb is not None else self.xb)
+            self.bs = batch_size(self.yb if self.yb is not None else self.xb)
 
     def _without_example(self, row):
         "This batch's weights (all 1 if it has none) with the example at `row` at 0."
@@ -68,8 +68,10 @@ class BatchReader:
         return weights
 
     def _plain_batches(self):
-        "Do the Learner's own methods read batches, so that `_read_batch` may read a plain pair in place?"
+        "May `_read_batch` read a plain pair in place? Yes if the Learner's own methods read batches and none is padded."
         own = ('split_batch', 'batch_weights', 'target_tokens')
+        if self.strategy.padding[self.training] is not None:
+            return False  # DDP: a batch of this phase holds an example its sampler repeated, weighted 0 as it is read
         return all(getattr(type(self), m) is getattr(BatchReader, m) for m in own) and not vars(self).keys() & set(own)
 
     def split_batch(self, batch):
@@ -143,9 +145,10 @@ class BatchReader:
 
     def metric_inputs(self):
         "The predictions and targets metrics compare, paired as the loss pairs them (a token apart for a causal LM)"
-        if self.shifts_labels() and isinstance(self.pred, torch.Tensor) and self.pred.ndim == 3:
-            return self.pred[:, :-1], self.yb[:, 1:]
-        return self.pred, self.yb
+        pred = self.pred  # a model that computes its own loss takes keyword inputs: the usual batch never shifts
+        if isinstance(self.xb, dict) and isinstance(pred, torch.Tensor) and pred.ndim == 3 and self.shifts_labels():
+            return pred[:, :-1], self.yb[:, 1:]
+        return pred, self.yb
 
     def update_metrics(self, metrics):
         "Update `metrics` with this batch: its predictions and targets as the loss pairs them, and its weights."

@@ -541,8 +541,10 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
                     else:
                         with context:
                             self._forward_and_loss()
-                    if training:
-                        backward = self._backward()  # before_backward, backward, after_backward
+                    if training:  # backward, in its scope, of the batch's share of the step's loss
+                        share = self.loss if window.step_examples is self.bs else window.share(self.loss, self.bs)
+                        self.loss_grad = share  # callbacks may rescale it in before_backward
+                        backward = self._dispatch.backward.run(self.backward)  # True if it ran: its examples count
                     else:
                         self.validation.add(self.loss, self.bs, self.pred, self.yb, self.weights)
                         self.update_metrics(self.metrics)
@@ -568,12 +570,6 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
             check_loss(self.loss)
         if self._events['after_loss']:
             self('after_loss')
-
-    def _backward(self):
-        "The backward pass in its scope, of `loss_grad`: the batch's share of the step's loss (callbacks may rescale it)."
-        window = self.window
-        self.loss_grad = self.loss if window.step_examples is self.bs else window.share(self.loss, self.bs)
-        return self._dispatch.backward.run(self.backward)  # True if it ran: its examples count in the window
 
     def _update(self):
         "The optimizer step of a closed window in its scope (before_step, after_step); a cancelled fp16 step is closed."

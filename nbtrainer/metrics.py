@@ -111,7 +111,7 @@ def is_token_target(pred, target):
 
 def is_multilabel(pred, target):
     "Multi-hot targets: one column per label (more than one), the shape of the predictions."
-    return torch.is_tensor(target) and pred.ndim == 2 and pred.shape[1] > 1 and target.shape == pred.shape
+    return isinstance(target, torch.Tensor) and pred.ndim == 2 and pred.shape[1] > 1 and target.shape == pred.shape
 
 
 def class_targets(metric, pred, target):
@@ -192,13 +192,14 @@ class Mean(Metric):
         self.weight = self.weight + weight_sum.to(self.total.dtype)
 
     def update(self, value, weight=1):
+        tensor = isinstance(value, torch.Tensor)  # isinstance: torch.is_tensor is a Python call a batch
         if self.total is None:
-            self._init_total(value.device if torch.is_tensor(value) else "cpu")
-        if not torch.is_tensor(value):
+            self._init_total(value.device if tensor else "cpu")
+        if not tensor:
             value = torch.tensor(value, device=self.total.device)
         elif value.requires_grad:
             value = value.detach()  # only where autograd tracks it: a detach is a kernel call a batch
-        if torch.is_tensor(weight):  # a 0-d device tensor: summed on the device
+        if isinstance(weight, torch.Tensor):  # a 0-d device tensor: summed on the device
             if weight.ndim != 0:
                 raise ValueError(f"Mean's weight must be a number or a 0-d tensor, got shape {tuple(weight.shape)}")
             weight = weight.detach().to(device=self.total.device, dtype=self.total.dtype)

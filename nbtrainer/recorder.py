@@ -227,6 +227,13 @@ def smooth(values, beta, state=(0.0, 0.0), curve=True):
     """Debiased exponential moving average of `values`, continued from `state` = (average, weight): (the smoothed
     values, the new state); `curve=False` leaves the values out (an empty list): the state alone."""
     average, weight, out, rest = *state, [], 1 - beta
+    if not curve and len(values) > 1:  # the state alone: a dot product (its rounding differs from the loop's by ~1e-16)
+        powers = beta ** np.arange(len(values) - 1, -1, -1.0)
+        decay = beta ** len(values)
+        return out, (
+            decay * average + rest * float(powers @ np.asarray(values, dtype=float)),
+            decay * weight + rest * float(powers.sum()),
+        )
     for v in values:
         average = beta * average + rest * v
         weight = beta * weight + rest  # the weights' sum: dividing by it debiases, even if β changed on the way
@@ -321,13 +328,12 @@ class Recorder(Callback):
             self._held += clock.now() - start
 
     def after_loss(self):
-        learn = self.learn
+        learn, queue = self.learn, self._queue
         progress = learn.fit_progress
-        self._queue.append(
-            (learn.loss.detach(), learn.bs, progress.epoch, learn.iter, progress.step, learn.opt.param_groups[-1]['lr'])
-        )
+        lr = learn.opt.param_groups[-1]['lr']
+        queue.append((learn.loss.detach(), learn.bs, progress.epoch, learn.iter, progress.step, lr))
         fresh = self.fresh_within
-        if len(self._queue) >= self.flush_every or (fresh is not None and clock.now() - self._read_at >= fresh):
+        if len(queue) >= self.flush_every or (fresh is not None and clock.now() - self._read_at >= fresh):
             self.flush()
         if self.train_metrics:
             learn.update_metrics(self.train_metrics)  # on the device, as in validation: no sync
@@ -343,7 +349,7 @@ class Recorder(Callback):
         queue, self._queue = self._queue, []
         losses, sizes, epochs, batches, steps, lrs = zip(*queue)  # columns
         values = torch.stack(losses).float().tolist()
-        if any(map(torch.is_tensor, sizes)):  # weighted batches: their example counts are device tensors
+        if not set(map(type, sizes)) <= {int, float}:  # weighted batches: their example counts are device tensors
             device = losses[0].device
             sizes = torch.stack([torch.as_tensor(n, dtype=torch.float32, device=device) for n in sizes]).tolist()
         bad = None if np.isfinite(values).all() else next(i for i, v in enumerate(values) if not math.isfinite(v))
