@@ -8,6 +8,8 @@ the optimizer's Python) cancels out in the difference. The counts depend on the 
 
     python bench/bytecodes.py [--short 20] [--long 120] [--top 30] [--learner preemption=False metrics=()]
 
+tests/test_overhead.py holds the totals under a bound, with `per_step`.
+
 `--learner KEY=VALUE ...` passes keywords to the Learner (Python literals): what a default costs, by ablation.
 """
 
@@ -63,6 +65,15 @@ def keyword(text):
     return key, ast.literal_eval(value)
 
 
+def per_step(mode, short, long, learner_kwargs):
+    "({function: bytecodes}, {function: calls}) a step of `mode`: the difference of a `long` and a `short` epoch."
+    few, many = (traced(loop(mode, n, learner_kwargs)) for n in (short, long))
+    return tuple(
+        {k: (b[k] - a.get(k, 0)) / (long - short) for k in b.keys() | a.keys() if b.get(k, 0) != a.get(k, 0)}
+        for a, b in zip(few, many)
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--short', type=int, default=20)
@@ -72,15 +83,9 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(1)
     learner_kwargs = dict(args.learner)
-    results = {}
-    for mode in ('hand', 'learner'):
-        short, long = (traced(loop(mode, n, learner_kwargs)) for n in (args.short, args.long))
-        extra = args.long - args.short
-        results[mode] = [
-            {k: (b[k] - a.get(k, 0)) / extra for k in b.keys() | a.keys() if b.get(k, 0) != a.get(k, 0)}
-            for a, b in zip(short, long)
-        ]
-    (hand_ops, hand_calls), (ops, calls) = results['hand'], results['learner']
+    (hand_ops, hand_calls), (ops, calls) = (
+        per_step(mode, args.short, args.long, learner_kwargs) for mode in ('hand', 'learner')
+    )
     extra_ops = {k: v - hand_ops.get(k, 0) for k, v in ops.items()}
     extra_calls = {k: calls.get(k, 0) - hand_calls.get(k, 0) for k in calls.keys() | hand_calls.keys()}
     print(f'per step, learn.fit({learner_kwargs or "defaults"}) minus the hand-written loop:')

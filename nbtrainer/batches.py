@@ -29,69 +29,81 @@ from .rng import preserve_rng
 
 # %% ../nbs/00i_batches.ipynb #544ffa27
 class BatchReader:
-    "How the Learner reads a batch: inputs, target, weights, examples; its loss; what metrics compare; the first checks"
+    "The Learner's part that reads each batch: inputs, target, weights, examples; its other losses; what metrics compare"
 
-    target_keys = ('y', 'target', 'targets', 'label', 'labels')
-    weight_keys = ('weight', 'mask')  # per-example weights in dict batches: 0 marks padding
-    pred_key = 'logits'  # the predictions in a model output that is a mapping or dataclass
-    shift_labels = None  # a causal LM's loss pairs logits with the next token's label; None: told by the model's class
+    def __init__(self, learn):
+        self.learn = learn  # whose batch it reads, and whose hooks (`split_batch`, ...) it reads it through
+        self.check_next = self.read_pairs = False  # per phase: its first batch is checked; plain pairs read in place
 
-    def _read_batch(self, batch):
-        "The batch on the device, split into `xb`, `yb`, `weights`, `tokens` and `bs` (what the loss averages over)."
-        x, y = batch if self._read_pairs and type(batch) in (tuple, list) and len(batch) == 2 else (None, None)
+    def start_phase(self):
+        "A phase (training, a validation) starts: its first batch is checked, plain pairs read in place if they may be; -1"
+        self.check_next, self.read_pairs = True, self.learn._reads_own_batches() and self._unpadded()
+        return -1  # the phase's batch index before its first batch
+
+    def read(self, batch):
+        "The batch on the device, split into `learn.xb`, `yb`, `weights`, `tokens` and `bs` (what the loss averages over)."
+        learn = self.learn
+        x, y = batch if self.read_pairs and type(batch) in (tuple, list) and len(batch) == 2 else (None, None)
         if type(x) is torch.Tensor and type(y) is torch.Tensor and (y.ndim == 1 or y.is_floating_point() and y.ndim):
-            device = self.device  # (inputs, labels) or (inputs, real targets): read in place, no tokens to count
+            device = learn.device  # (inputs, labels) or (inputs, real targets): read in place, no tokens to count
             if x.device != device or y.device != device:  # a CPU loader's batch for a model on a GPU: moved first
                 x, y = to_device(x, device), to_device(y, device)
                 batch = type(batch)((x, y))
-            self.batch, self.xb, self.yb, self.weights, self.tokens, self.bs = batch, (x,), y, None, None, y.shape[0]
+            learn.batch, learn.xb, learn.yb, learn.weights, learn.tokens, learn.bs = (
+                batch,
+                (x,),
+                y,
+                None,
+                None,
+                y.shape[0],
+            )
             return
-        self.batch = batch = to_device(batch, self.device)
-        self.xb, self.yb = self.split_batch(batch)
-        self.weights, self.tokens = self.batch_weights(batch), self.target_tokens()
-        padding = self.strategy.padding[self.training]  # DDP: (batch, row) of the example its sampler repeated
-        if padding is not None and self.iter == padding[0]:
-            self.weights = self._without_example(padding[1])  # it counts nowhere
+        learn.batch = batch = to_device(batch, learn.device)
+        learn.xb, learn.yb = learn.split_batch(batch)  # the Learner's hooks: a subclass may override them
+        learn.weights, learn.tokens = learn.batch_weights(batch), learn.target_tokens()
+        padding = learn.strategy.padding[learn.training]  # DDP: (batch, row) of the example its sampler repeated
+        if padding is not None and learn.iter == padding[0]:
+            learn.weights = self._without_example(padding[1])  # it counts nowhere
         # what the loss averages over: examples (an int, or a device tensor when weighted) or tokens (a device tensor)
-        if self.tokens is not None:
-            self.bs = (self.tokens if self.weights is None else self.tokens * self.weights).sum()
-        elif self.weights is not None:
-            self.bs = self.weights.sum()
+        if learn.tokens is not None:
+            learn.bs = (learn.tokens if learn.weights is None else learn.tokens * learn.weights).sum()
+        elif learn.weights is not None:
+            learn.bs = learn.weights.sum()
         else:
-            self.bs = batch_size(self.yb if self.yb is not None else self.xb)
+            learn.bs = batch_size(learn.yb if learn.yb is not None else learn.xb)
 
     def _without_example(self, row):
         "This batch's weights (all 1 if it has none) with the example at `row` at 0."
-        n = batch_size(self.yb if self.yb is not None else self.xb)
-        weights = torch.ones(n, device=self.device) if self.weights is None else self.weights.clone()
+        learn = self.learn
+        n = batch_size(learn.yb if learn.yb is not None else learn.xb)
+        weights = torch.ones(n, device=learn.device) if learn.weights is None else learn.weights.clone()
         weights[row] = 0
         return weights
 
-    def _plain_batches(self):
-        "May `_read_batch` read a plain pair in place? Yes if the Learner's own methods read batches and none is padded."
-        own = ('split_batch', 'batch_weights', 'target_tokens')
-        if self.strategy.padding[self.training] is not None:
-            return False  # DDP: a batch of this phase holds an example its sampler repeated, weighted 0 as it is read
-        return all(getattr(type(self), m) is getattr(BatchReader, m) for m in own) and not vars(self).keys() & set(own)
+    def _unpadded(self):
+        "No batch of this phase holds an example DDP's sampler repeated (read with that example weighted 0)."
+        return self.learn.strategy.padding[self.learn.training] is None
 
+    # ---- the defaults of the Learner's hooks `split_batch`, `batch_weights`, `target_tokens` ----
     def split_batch(self, batch):
         "Split a batch into model inputs `xb` (a tuple, or a dict of keyword inputs) and target `yb` (or None)"
-        return inputs_and_target(batch, plain_model(self.model), self.target_keys, self.weight_keys)
+        learn = self.learn
+        return inputs_and_target(batch, plain_model(learn.model), learn.target_keys, learn.weight_keys)
 
     def batch_weights(self, batch):
         "Per-example weights of a batch (the `weight` or `mask` item of a dict batch), or None."
         if isinstance(batch, (tuple, list)) or not isinstance(batch, Mapping):
             return None  # the ABC check is slower
-        key = next((k for k in self.weight_keys if k in batch), None)
+        key = next((k for k in self.learn.weight_keys if k in batch), None)
         return None if key is None else batch[key].float()
 
     def target_tokens(self):
         "Per-example counts of the labels a token-mean loss averages over (not ignored), or None: a mean over examples."
-        y, loss = self.yb, self.loss_func
+        y, loss = self.learn.yb, self.learn.loss_func
         if not (isinstance(y, torch.Tensor) and y.ndim >= 2 and not y.is_floating_point()):
             return None
         token_mean = (
-            self._model_loss()
+            self.model_loss()
             or loss in CLASS_INDEX_LOSSES
             or (isinstance(loss, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)) and loss.reduction == 'mean')
         )
@@ -99,113 +111,119 @@ class BatchReader:
             return None
         if self.shifts_labels():
             y = y[:, 1:]
-        return (y != self._ignore_index()).flatten(1).sum(1).float()  # on the device: no sync
+        return (y != self.ignore_index()).flatten(1).sum(1).float()  # on the device: no sync
 
     # ---- what the loss and the metrics pair ----
-    def _other_loss(self):
+    def other_loss(self):
         "The loss of a batch `Learner.get_loss` does not compute itself: the model's own, a weighted mean, no target."
-        out = self.model_output
-        if out is not self.pred and (loss := _own_loss(out)) is not None:
+        learn = self.learn
+        out = learn.model_output
+        if out is not learn.pred and (loss := _own_loss(out)) is not None:
             return loss  # the model's own
-        if self.weights is not None:  # padding: the weighted mean of per-example losses, no sync
-            losses = example_losses(self.loss_func, self.pred, self.yb)
-            if self.tokens is not None:
-                losses = losses * self.yb[0].numel()  # each example's sum over its tokens
-            return (losses * self.weights).sum() / self.bs.clamp(min=1e-12)  # bs: the weights' (or tokens') sum
-        if self.loss_func is None:
+        if learn.weights is not None:  # padding: the weighted mean of per-example losses, no sync
+            losses = example_losses(learn.loss_func, learn.pred, learn.yb)
+            if learn.tokens is not None:
+                losses = losses * learn.yb[0].numel()  # each example's sum over its tokens
+            return (losses * learn.weights).sum() / learn.bs.clamp(min=1e-12)  # bs: the weights' (or tokens') sum
+        if learn.loss_func is None:
             raise ValueError(
                 'loss_func is None and the model gives no loss of its own (no `loss` in its output): pass '
                 'loss_func= (e.g. F.cross_entropy), or a batch with labels the model takes, so it computes one'
             )
-        if self.yb is not None:
-            return self.loss_func(self.pred, self.yb)
+        if learn.yb is not None:
+            return learn.loss_func(learn.pred, learn.yb)
         try:
-            return self.loss_func(self.pred)
+            return learn.loss_func(learn.pred)
         except TypeError as e:  # a loss that needs targets, and batches that have none
-            if not self._check_next:
+            if not self.check_next:
                 raise
-            raise ValueError(no_target_message(self.batch, self.target_keys)) from e
+            raise ValueError(no_target_message(learn.batch, learn.target_keys)) from e
 
-    def _model_loss(self):
+    def model_loss(self):
         "Does the model compute the loss itself (a Hugging Face model given its labels)?"
-        return isinstance(self.xb, dict) and self.yb is not None and any(v is self.yb for v in self.xb.values())
+        xb, yb = self.learn.xb, self.learn.yb
+        return isinstance(xb, dict) and yb is not None and any(v is yb for v in xb.values())
 
-    def _ignore_index(self):
+    def ignore_index(self):
         "The label the loss leaves out: its `ignore_index`, else -100 (torch's and Hugging Face's)."
-        return getattr(self.loss_func, 'ignore_index', IGNORE_INDEX) if not self._model_loss() else IGNORE_INDEX
+        return getattr(self.learn.loss_func, 'ignore_index', IGNORE_INDEX) if not self.model_loss() else IGNORE_INDEX
 
     def shifts_labels(self):
         "True for a causal language model that computes its own loss: logits at position t predict the label at t + 1."
-        if not self._model_loss():
+        if not self.model_loss():
             return False
-        if self.shift_labels is not None:
-            return self.shift_labels
-        model = plain_model(self.model)
+        if self.learn.shift_labels is not None:
+            return self.learn.shift_labels
+        model = plain_model(self.learn.model)
         return bool(re.search(r'CausalLM|LMHead', str(getattr(model, 'loss_type', None) or type(model).__name__)))
 
     def metric_inputs(self):
         "The predictions and targets metrics compare, paired as the loss pairs them (a token apart for a causal LM)"
-        pred = self.pred  # a model that computes its own loss takes keyword inputs: the usual batch never shifts
-        if isinstance(self.xb, dict) and isinstance(pred, torch.Tensor) and pred.ndim == 3 and self.shifts_labels():
-            return pred[:, :-1], self.yb[:, 1:]
-        return pred, self.yb
+        learn = self.learn
+        pred = learn.pred  # a model that computes its own loss takes keyword inputs: the usual batch never shifts
+        if isinstance(learn.xb, dict) and isinstance(pred, torch.Tensor) and pred.ndim == 3 and self.shifts_labels():
+            return pred[:, :-1], learn.yb[:, 1:]
+        return pred, learn.yb
 
     def update_metrics(self, metrics):
         "Update `metrics` with this batch: its predictions and targets as the loss pairs them, and its weights."
         if not metrics:
             return
         pred, target = self.metric_inputs()
-        kept = None
+        weights, kept = self.learn.weights, None
         for m in metrics:
-            if self.weights is None:
+            if weights is None:
                 m.update(pred, target)
             elif isinstance(m, Metric):
-                m.update(pred, target, weight=self.weights)
+                m.update(pred, target, weight=weights)
             else:  # another library's metric (torchmetrics) takes no weights: padding rows (weight 0) left out
                 if kept is None:
-                    kept = pred[self.weights != 0], target[self.weights != 0]  # a sync: weighted only
+                    kept = pred[weights != 0], target[weights != 0]  # a sync: weighted only
                 if len(kept[1]):
                     m.update(*kept)  # a batch of padding alone: nothing to add
 
     def predict_batch(self, batch):
         "The model's predictions for one `batch` (as a loader yields it): `predict`, eval mode, its precision, no grad"
-        saved, mode = (self.xb, self.yb, self.pred), self.model.training
-        self.model.eval()
+        learn = self.learn
+        saved, mode = (learn.xb, learn.yb, learn.pred), learn.model.training
+        learn.model.eval()
         try:
-            with torch.no_grad(), preserve_rng(self.device), self.precision.autocast():
-                self.xb, _ = self.split_batch(to_device(batch, self.device))
-                self.predict()
-                return as_float32(self.pred)
+            with torch.no_grad(), preserve_rng(learn.device), learn.precision.autocast():
+                learn.xb, _ = learn.split_batch(to_device(batch, learn.device))
+                learn.predict()
+                return as_float32(learn.pred)
         finally:
-            self.xb, self.yb, self.pred = saved
-            self.model.train(mode)
+            learn.xb, learn.yb, learn.pred = saved
+            learn.model.train(mode)
 
     # ---- the first batch of each phase, checked once ----
-    def _check_first_batch(self):
+    def check_first_batch(self):
         "Labels in range, targets of the predictions' shape, metrics that fit the task (`nbs/00e_checks.ipynb`)."
-        if not self._model_loss():  # what loss_func will be given: checked before it fails on it, or broadcasts it
-            check_class_targets(self.pred, self.yb, self.loss_func)
-            check_regression_shapes(self.pred, self.yb, self.loss_func)
+        learn = self.learn
+        if not self.model_loss():  # what loss_func will be given: checked before it fails on it, or broadcasts it
+            check_class_targets(learn.pred, learn.yb, learn.loss_func)
+            check_regression_shapes(learn.pred, learn.yb, learn.loss_func)
         pred, target = self.metric_inputs()
-        check_labels(pred, target, self._ignore_index())
+        check_labels(pred, target, self.ignore_index())
         if target is not None:
             check_metrics(
-                [*self.metrics, *(self.recorder.train_metrics if self.training else ())],
+                [*learn.metrics, *(learn.recorder.train_metrics if learn.training else ())],
                 pred,
                 target,
                 lambda probe: self.update_metrics([probe]),
             )
 
-    def _diagnose_labels(self, error):
+    def diagnose_labels(self, error):
         "A model computing its loss failed on the first batch: out-of-range labels, found by a forward without them?"
-        self.xb = {k: v for k, v in self.xb.items() if v is not self.yb}  # the batch fails anyway: xb may change
+        learn = self.learn
+        learn.xb = {k: v for k, v in learn.xb.items() if v is not learn.yb}  # the batch fails anyway: xb may change
         try:
             with torch.no_grad():
-                self.predict()
+                learn.predict()
         except Exception:
             return  # it fails without labels too: not theirs to explain
         try:
-            check_labels(*self.metric_inputs(), self._ignore_index())
+            check_labels(*self.metric_inputs(), self.ignore_index())
         except ValueError as found:
             raise found from error
 

@@ -267,7 +267,7 @@ def _default_callbacks(progress, dashboard, display, preemption, skip_nonfinite,
     return defaults
 
 # %% ../nbs/00_core.ipynb #af2b151b
-class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its names are the parts'
+class Learner(PartNames, CallbackHost):  # PartNames first: its names are the parts'
     "Train `model` on `train_dl` with `loss_func` and an optimizer from `opt_func`; callbacks see every step."
 
     eval_seed = 0  # picks the fixed validation subset of fit(eval_subset=...)
@@ -323,7 +323,7 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
         self.create_opt()
         self.grad_norm, self.model_output, self.status = None, None, {}  # status: texts callbacks post for displays
         self.xb = self.yb = self.pred = self.tokens = None  # predict_batch saves and restores them, before any fit too
-        self._check_next = self._read_pairs = False  # the phase's first batch is checked; pairs are read in place
+        self.reader = BatchReader(self)  # reads each batch: nbs/00i_batches.ipynb
         self.recorder = Recorder(train_metrics=make_metrics(train_metrics, loss_func, self.device, prefix='train_'))
         defaults = _default_callbacks(progress, dashboard, display, preemption, skip_nonfinite, fork_points)
         cbs = [self.recorder, *defaults, *self.strategy.callbacks(), *cbs]  # DDP adds its periodic stop check
@@ -377,7 +377,7 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
         if out is self.pred and self.weights is None and yb is not None and self.loss_func is not None:
             self.loss = self.loss_func(self.pred, yb)  # the usual case, tested first
         else:
-            self.loss = self._other_loss()  # the model's own, a weighted mean, no target (nbs/00i_batches.ipynb)
+            self.loss = self.reader.other_loss()  # the model's own, a weighted mean, no target (nbs/00i_batches.ipynb)
 
     def backward(self):
         "Backpropagate `learn.loss_grad` (through the fp16 loss scaler when there is one)."
@@ -497,7 +497,7 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
         self._set_phase(True)
         self.dl, data, progress = self.train_dl, self.data_pass, self.fit_progress
         self.model.train()
-        self._check_next, self._read_pairs = True, self._plain_batches()
+        self.reader.start_phase()  # its first batch is checked
         if self.window.backwards:
             self.zero_grad()  # a window a cancel cut short: no gradient leaks into the next
         self.window.drop()
@@ -527,7 +527,7 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
 
     def _one_batch(self, batch):
         "One batch, top to bottom: read, forward, loss; in training, backward and, when its window is full, the step"
-        self._read_batch(batch)  # xb, yb and bs, on the device
+        self.reader.read(batch)  # xb, yb and bs, on the device
         training, window, scope, backward = self.training, self.window, self._dispatch.batch, False
         if training:  # the micro-batch's place in its window, planned at the window's first
             exact = self.weights is None and self.tokens is None  # then the loader's batch sizes are the counts
@@ -547,7 +547,7 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
                         backward = self._dispatch.backward.run(self.backward)  # True if it ran: its examples count
                     else:
                         self.validation.add(self.loss, self.bs, self.pred, self.yb, self.weights)
-                        self.update_metrics(self.metrics)
+                        self.reader.update_metrics(self.metrics)
             if training and window.close(self.model, backward):  # its last micro-batch: the window's step is due
                 self._update()  # before_step, clipping, update_weights, after_step
                 self.zero_grad()
@@ -557,16 +557,16 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
         try:
             self.predict()
         except Exception as e:
-            if self._check_next and self._model_loss():
-                self._diagnose_labels(e)  # the model's own loss failed
+            if self.reader.check_next and self.reader.model_loss():
+                self.reader.diagnose_labels(e)  # the model's own loss failed
             raise
-        if self._check_next:
-            self._check_first_batch()
+        if self.reader.check_next:
+            self.reader.check_first_batch()
         if self._events['after_pred']:
             self('after_pred')
         self.get_loss()
-        if self._check_next:
-            self._check_next = False
+        if self.reader.check_next:
+            self.reader.check_next = False
             check_loss(self.loss)
         if self._events['after_loss']:
             self('after_loss')
@@ -625,7 +625,14 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
             validation.evaluating = False
 
     def _run_validate(self, dl, collect=None, prefix='', name=None):
-        saved = self.training, getattr(self, 'dl', None), getattr(self, 'iter', None), self._check_next
+        reader = self.reader  # a validation inside training (a mid-epoch evaluation): training reads on as it did
+        saved = (
+            self.training,
+            getattr(self, 'dl', None),
+            getattr(self, 'iter', None),
+            reader.check_next,
+            reader.read_pairs,
+        )
         validation, model_mode = self.validation, self.model.training
         self._set_phase(False)
         validation.start(self.metrics, prefix, collect, name)
@@ -638,7 +645,7 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
                 if running:
                     self._validate_batches()
         finally:
-            training, self.dl, self.iter, self._check_next = saved
+            training, self.dl, self.iter, reader.check_next, reader.read_pairs = saved
             self._set_phase(training)
             self.model.train(model_mode)
             validation.collect = None
@@ -648,7 +655,7 @@ class Learner(PartNames, CallbackHost, BatchReader):  # PartNames first: its nam
     def _validate_batches(self):
         "Every batch of `learn.dl` (the strategy's share of it), then the validation's values, read from the device once."
         self.dl = self.strategy.eval_loader(self, self.dl)
-        self._check_next, self._read_pairs, self.iter = True, self._plain_batches(), -1
+        self.iter = self.reader.start_phase()  # its first batch is checked; -1: no batch yet
         for self.iter, batch in enumerate(self.dl if self.dl is not None else ()):
             self._one_batch(batch)
         if self.dl is not None:

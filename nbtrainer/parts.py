@@ -189,7 +189,7 @@ class FitState:
         self.lock.release()
         return True
 
-# %% ../nbs/00f_parts.ipynb #b978ab99
+# %% ../nbs/00f_parts.ipynb #145e0c10
 def _delegate(part, name):
     "A property that reads and writes `name` of the part `learn.<part>`: the part owns it."
     return property(
@@ -198,7 +198,7 @@ def _delegate(part, name):
         doc=f'`learn.{part}.{name}`',
     )
 
-
+# %% ../nbs/00f_parts.ipynb #b978ab99
 class PartNames:
     "The Learner's names for what its parts own (`learn.epoch` is `learn.fit_progress.epoch`), and its snapshots."
 
@@ -263,6 +263,41 @@ class PartNames:
 
     def train_end_step(self):
         return self.fit_progress.train_end_step()
+
+    # ---- reading a batch: the reader's hooks, which a subclass overrides here (`learn.reader`, nbs/00i_batches.ipynb) ----
+    target_keys = ('y', 'target', 'targets', 'label', 'labels')
+    weight_keys = ('weight', 'mask')  # per-example weights in dict batches: 0 marks padding
+    pred_key = 'logits'  # the predictions in a model output that is a mapping or dataclass
+    shift_labels = None  # a causal LM's loss pairs logits with the next token's label; None: told by the model's class
+
+    def split_batch(self, batch):
+        "Split a batch into model inputs `xb` (a tuple, or a dict of keyword inputs) and target `yb` (or None)"
+        return self.reader.split_batch(batch)
+
+    def batch_weights(self, batch):
+        "Per-example weights of a batch (the `weight` or `mask` item of a dict batch), or None."
+        return self.reader.batch_weights(batch)
+
+    def target_tokens(self):
+        "Per-example counts of the labels a token-mean loss averages over (not ignored), or None: a mean over examples."
+        return self.reader.target_tokens()
+
+    def _reads_own_batches(self):
+        "Are the three hooks above the Learner's own (no subclass or instance overrides one)? Then pairs may be read in place."
+        own = ('split_batch', 'batch_weights', 'target_tokens')
+        return all(getattr(type(self), m) is getattr(PartNames, m) for m in own) and not vars(self).keys() & set(own)
+
+    def update_metrics(self, metrics):
+        "Update `metrics` with this batch: its predictions and targets as the loss pairs them, and its weights."
+        self.reader.update_metrics(metrics)
+
+    def metric_inputs(self):
+        "The predictions and targets metrics compare, paired as the loss pairs them (a token apart for a causal LM)"
+        return self.reader.metric_inputs()
+
+    def predict_batch(self, batch):
+        "The model's predictions for one `batch` (as a loader yields it): `predict`, eval mode, its precision, no grad"
+        return self.reader.predict_batch(batch)
 
     def wait_for_fit(self, timeout=None):
         "Block until no fit runs on this Learner (one in another thread, say); False if `timeout` seconds pass first."

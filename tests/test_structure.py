@@ -181,7 +181,15 @@ def test_time_is_read_from_nbtrainer_clock():
 # these public setters, which the docs name as what callbacks may change: the batch under way (nbs/00_core.ipynb, "What
 # callbacks can read"), the lr and the loaders. `controls` is the running fit's Controls, which nbtrainer.control registers for the dashboard.
 PUBLIC_SETTERS = {'lr', 'lr_note', 'train_dl', 'valid_dl', 'batch', 'xb', 'yb', 'pred', 'loss', 'loss_grad', 'controls'}
-PARTS = ('parts', 'fit_progress', 'accumulation', 'strategy', 'param_groups', 'snapshot')  # nbs/00f_parts.ipynb's table
+PARTS = (
+    'parts',
+    'fit_progress',
+    'accumulation',
+    'strategy',
+    'param_groups',
+    'snapshot',
+    'batches',
+)  # nbs/00f_parts.ipynb
 OWNERS = {'core', *PARTS}
 
 
@@ -249,8 +257,7 @@ def test_the_learner_is_made_of_parts_with_state_dicts():
 BASES = (
     ('core', 'Learner'),
     ('core', 'CallbackHost'),  # with the loop since #43, as fastai's _with_events
-    ('batches', 'BatchReader'),
-    ('parts', 'PartNames'),
+    ('parts', 'PartNames'),  # the batch reader was a base until #43 made it a part (`learn.reader`)
 )  # the class, its bases: (module, class)
 
 
