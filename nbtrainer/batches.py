@@ -49,14 +49,8 @@ class BatchReader:
             if x.device != device or y.device != device:  # a CPU loader's batch for a model on a GPU: moved first
                 x, y = to_device(x, device), to_device(y, device)
                 batch = type(batch)((x, y))
-            learn.batch, learn.xb, learn.yb, learn.weights, learn.tokens, learn.bs = (
-                batch,
-                (x,),
-                y,
-                None,
-                None,
-                y.shape[0],
-            )
+            learn.batch, learn.xb, learn.yb, learn.bs = batch, (x,), y, y.shape[0]
+            learn.weights = learn.tokens = None
             return
         learn.batch = batch = to_device(batch, learn.device)
         learn.xb, learn.yb = learn.split_batch(batch)  # the Learner's hooks: a subclass may override them
