@@ -308,8 +308,11 @@ def part_state(state, name):
     return state.get(name, state.get(FORMAT_3_NAMES.get(name)))
 
 
-def upgrade_checkpoint(state):
+def upgrade_checkpoint(state, path='the checkpoint'):
     "Checkpoints of earlier formats, in this format's shape: per-batch rows beside the Recorder, the parts' states by name."
+    both = [name for name, old in FORMAT_3_NAMES.items() if name in state and old in state]
+    if both:  # which one is the part's state? Neither is taken silently
+        raise BadFileError(f'{path} was altered: it holds both the format 3 and the format 4 state of {both}')
     recorder = state['callbacks'].get('Recorder', {})
     if 'batches' in recorder:  # format 1 kept the per-batch columns inside the Recorder's state
         columns = recorder.pop('batches')

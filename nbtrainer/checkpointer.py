@@ -211,7 +211,7 @@ class Checkpointer(Callback):
             kept = self.state_dict()
         else:
             newest = newest_readable(self.folder, warn=False)
-            state = upgrade_checkpoint(read_checkpoint(newest)) if newest is not None else {'callbacks': {}}
+            state = upgrade_checkpoint(read_checkpoint(newest), newest) if newest is not None else {'callbacks': {}}
             found = next(
                 (st for st in state['callbacks'].values() if {'last', 'best'} <= set(st)), {'last': [], 'best': []}
             )

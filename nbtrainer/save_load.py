@@ -279,7 +279,7 @@ def _check_training_state(learn, state, path, check_data=True, allow_changes=Non
     "Everything `load_training_state` will apply, checked (see above); the state, upgraded to this format, and its rows."
     with malformed(path):
         _check_model(learn.model, state['model'], path)
-        state = upgrade_checkpoint(state)
+        state = upgrade_checkpoint(state, path)
         keys = _callback_keys(learn)
         missing_cbs = [k for k in state['callbacks'] if k not in keys]
         if missing_cbs:
