@@ -120,6 +120,7 @@ class Callback:
     run_train = run_valid = True  # which phases' batch events it gets
     side_effects = False  # displays, writes files or takes requests: probe runs (lr_find, profile) leave it out
     main_process_only = False  # under DDP, only rank 0 runs it
+    idle_events = frozenset()  # events it has a method for but hears only once `learn.listen(self, event)`
     learn = None
 
     def state_dict(self):
@@ -183,7 +184,9 @@ def dispatch_tables(cbs, main_process=True):
             event: [
                 (cb, getattr(cb, event))
                 for cb in ordered
-                if callable(getattr(cb, event, None)) and runs(cb, event, training)
+                if callable(getattr(cb, event, None))
+                and runs(cb, event, training)
+                and event not in getattr(cb, 'idle_events', ())
             ]
             for event in EVENTS
         }

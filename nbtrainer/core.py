@@ -95,7 +95,11 @@ class CallbackHost:
 
     def __init__(self, cbs=(), scopes=()):
         "`scopes`: each event pair's (name, its cancel exception, whether it closes on errors too): EventScopes."
-        self.cbs, self.training, self._dispatch = [], False, types.SimpleNamespace(tables=dispatch_tables([]))
+        self.cbs, self.training, self._dispatch = (
+            [],
+            False,
+            types.SimpleNamespace(tables=dispatch_tables([]), generation=0),
+        )
         for name, cancel, always in scopes:
             setattr(self._dispatch, name, EventScope(self, name, cancel, always))
         self._events = self._dispatch.tables[False]  # the phase's table: who hears each event now
@@ -117,13 +121,25 @@ class CallbackHost:
                 self.cbs.remove(cb)
         self._rebuild_dispatch()
 
+    def listen(self, cb, event, heard=True):
+        "`cb` hears `event`, one of its `idle_events`, from now on (`heard=False`: no longer); a signal handler may call it."
+        cb.idle_events = cb.idle_events - {event} if heard else cb.idle_events | {event}
+        self._dispatch.generation += 1  # a rebuild or a phase switch it interrupted takes its tables, not theirs
+        self._rebuild_dispatch()
+
     def _rebuild_dispatch(self):
+        generation = self._dispatch.generation
         self._dispatch.tables = dispatch_tables(self.cbs, self.main_process)
-        self._events = self._dispatch.tables[self.training]
+        self._set_phase(self.training)
+        if generation != self._dispatch.generation:  # `listen` ran in a signal handler meanwhile: build again
+            self._rebuild_dispatch()
 
     def _set_phase(self, training):
         "Enter the training or the validation phase: the dispatch table switches with it."
-        self.training, self._events = training, self._dispatch.tables[training]
+        generation, self.training = self._dispatch.generation, training
+        self._events = self._dispatch.tables[training]
+        if generation != self._dispatch.generation:  # `listen` ran in a signal handler meanwhile: its tables
+            self._events = self._dispatch.tables[training]
 
     def __call__(self, event):
         "Fire `event`: run the callbacks listening to it in this phase."
@@ -156,7 +172,6 @@ class EventScope:
         self.host, self.cancel, self.always, self.last = host, cancel, always, None  # always: last(exc) before closing
         self.before, self.after, self.after_cancel = 'before_' + name, 'after_' + name, 'after_cancel_' + name
         self.cancels = []  # each block under way: the cancel that ended it early (None: none yet)
-        self.cancellable = _Cancellable(self)
 
     def __enter__(self):
         "Fire `before_<name>`: True, or False if a callback cancelled the block there (it still closes)."
@@ -187,6 +202,10 @@ class EventScope:
         if host._events[self.after]:
             host(self.after)
         return True
+
+    def cancelled(self, cancel):
+        "The innermost block under way was ended early by `cancel`, which its `except` caught: its closing says so."
+        self.cancels[-1] = cancel
 
     def run(self, f):
         "`f()` in the scope, as a call: True if it ran to its end, False if this scope's cancel ended it (or skipped it)."
@@ -223,22 +242,6 @@ class EventScope:
             return False
         if first is not None:
             raise first
-        return True
-
-
-class _Cancellable:
-    "The scope's cancel ends this inner block only: the scope records it, and the rest of the outer block runs."
-
-    def __init__(self, scope):
-        self.scope = scope
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        if kind is None or not issubclass(kind, self.scope.cancel):
-            return False
-        self.scope.cancels[-1] = exc
         return True
 
 # %% ../nbs/00_core.ipynb #b32f2037
@@ -323,6 +326,7 @@ class Learner(PartNames, CallbackHost):  # PartNames first: its names are the pa
         self.create_opt()
         self.grad_norm, self.model_output, self.status = None, None, {}  # status: texts callbacks post for displays
         self.xb = self.yb = self.pred = self.tokens = None  # predict_batch saves and restores them, before any fit too
+        self.dl = self.iter = None  # the loader and the batch under way (a validation inside training restores them)
         self.reader = BatchReader(self)  # reads each batch: nbs/00i_batches.ipynb
         self.recorder = Recorder(train_metrics=make_metrics(train_metrics, loss_func, self.device, prefix='train_'))
         defaults = _default_callbacks(progress, dashboard, display, preemption, skip_nonfinite, fork_points)
@@ -482,9 +486,11 @@ class Learner(PartNames, CallbackHost):  # PartNames first: its names are the pa
         train = self._dispatch.train
         self.strategy.start_train(self)
         with train as running:  # before_train; after_cancel_train (if cancelled), after_train
-            with train.cancellable:  # a CancelTrainException ends training here: the strategy still hears of its end
+            try:  # a CancelTrainException ends training here: the strategy still hears of its end
                 if running:
                     self._train()
+            except train.cancel as cancel:
+                train.cancelled(cancel)
             self.strategy.end_train(self)  # DDP: a stop asked on any rank, at the end of training
         self.fit_progress.epoch_done = True  # training is complete: a checkpoint from now on resumes at the next epoch
         if not self.fit_progress.steps_per_epoch:
@@ -533,7 +539,7 @@ class Learner(PartNames, CallbackHost):  # PartNames first: its names are the pa
             exact = self.weights is None and self.tokens is None  # then the loader's batch sizes are the counts
             window.place(self.data_pass, self.iter, self.bs, self.yb if self.yb is not None else self.xb, exact)
         with scope as running:  # before_batch; after_cancel_batch (if cancelled), after_batch
-            with scope.cancellable:  # a CancelBatchException ends this block: the window's step still comes
+            try:  # a CancelBatchException ends the batch's work here: the window's step still comes
                 if running:
                     context = self.precision.context  # bf16, fp16: forward and loss in autocast (fp32: None)
                     if context is None:
@@ -548,6 +554,8 @@ class Learner(PartNames, CallbackHost):  # PartNames first: its names are the pa
                     else:
                         self.validation.add(self.loss, self.bs, self.pred, self.yb, self.weights)
                         self.reader.update_metrics(self.metrics)
+            except scope.cancel as cancel:
+                scope.cancelled(cancel)
             if training and window.close(self.model, backward):  # its last micro-batch: the window's step is due
                 self._update()  # before_step, clipping, update_weights, after_step
                 self.zero_grad()
@@ -626,13 +634,7 @@ class Learner(PartNames, CallbackHost):  # PartNames first: its names are the pa
 
     def _run_validate(self, dl, collect=None, prefix='', name=None):
         reader = self.reader  # a validation inside training (a mid-epoch evaluation): training reads on as it did
-        saved = (
-            self.training,
-            getattr(self, 'dl', None),
-            getattr(self, 'iter', None),
-            reader.check_next,
-            reader.read_pairs,
-        )
+        saved = self.training, self.dl, self.iter, reader.check_next, reader.read_pairs
         validation, model_mode = self.validation, self.model.training
         self._set_phase(False)
         validation.start(self.metrics, prefix, collect, name)

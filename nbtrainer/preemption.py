@@ -21,6 +21,7 @@ class Preemption(Callback):
     order = Order.CONTROL + 50  # after every other callback has seen the step, the Checkpointer's save included
     run_valid = False
     signals = tuple(getattr(signal, name) for name in ('SIGTERM', 'SIGUSR1') if hasattr(signal, name))
+    idle_events = frozenset({'after_batch'})  # one process: heard from a signal on, so a batch costs nothing before
 
     def __init__(self, exit=True):
         self.exit, self.received, self._previous = exit, None, {}
@@ -28,17 +29,17 @@ class Preemption(Callback):
     def _handle(self, signum, frame):
         if self.received is None:
             self.received = signum  # noted only: the loop stops at its next step boundary
+            self.learn.listen(self, 'after_batch')
 
     def before_fit(self):
         self.received = None
+        self.learn.listen(self, 'after_batch', self.learn.strategy.world > 1)  # DDP: every batch, for the ranks' check
         if threading.current_thread() is not threading.main_thread():
             return  # only the main thread may set handlers
         self._previous = {s: signal.signal(s, self._handle) for s in self.signals}
 
     def after_batch(self):
         learn = self.learn
-        if self.received is None and learn.strategy.world == 1:
-            return  # the common case: one test per batch
         signum = learn.strategy.agreed_signal(self.received)  # DDP: the same on every rank, from its periodic check
         if signum is None or learn.accumulating:
             return  # a step boundary: the window's micro-batches are in

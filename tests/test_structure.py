@@ -411,4 +411,5 @@ def test_a_training_batch_leaves_core_for_its_parts_and_listeners_only():
         route = batch_route(learn)
         modules = [m for m, _ in route]
         assert len(route) - 1 <= 10, ' > '.join(f'{m}.{f}' for m, f in route)
-        assert modules[0] == 'core' and set(modules) == {'core', 'batches', 'accumulation', 'recorder', 'preemption'}
+        # Preemption hears no batch before a signal arrives (nbs/08b_preemption.ipynb): it is not on the route
+        assert modules[0] == 'core' and set(modules) == {'core', 'batches', 'accumulation', 'recorder'}
