@@ -6,8 +6,8 @@ Docs: https://nbtrainer.github.io/nbtrainer/testing.html.md"""
 
 # %% auto #0
 __all__ = ['raises', 'same_weights', 'max_diff', 'same_state', 'same_history', 'classification_data', 'tiny_classifier',
-           'synth_learner', 'Keyword', 'padded_batches', 'hand_written_fit', 'wait_for', 'async_wait_for', 'HoldAt',
-           'operate', 'batch_route']
+           'synth_learner', 'checkpoint_learner', 'Keyword', 'padded_batches', 'hand_written_fit', 'wait_for',
+           'async_wait_for', 'HoldAt', 'operate', 'batch_route']
 
 # %% ../nbs/98_testing.ipynb #f5e9dead
 import asyncio, threading, time
@@ -85,6 +85,16 @@ def synth_learner(n=64, bs=16, valid=True, lr=0.1, **kwargs):
     torch.manual_seed(0)
     kwargs = {'loss_func': F.mse_loss, 'opt_func': torch.optim.SGD, 'metrics': (), 'progress': False, **kwargs}
     return Learner(nn.Linear(1, 1), dl, dl if valid else None, lr=lr, **kwargs)
+
+
+def checkpoint_learner(seed=0, **kwargs):
+    "A classifier with dropout over 96 examples, its loader shuffled (6 steps an epoch): what checkpoints save and resume."
+    g = torch.Generator().manual_seed(1)
+    ds = TensorDataset(torch.randn(96, 8, generator=g), torch.randint(0, 3, (96,), generator=g))
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 3))
+    train = DataLoader(ds, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(2))
+    return Learner(model, train, DataLoader(ds, batch_size=32), lr=1e-2, progress=False, **kwargs)
 
 # %% ../nbs/98_testing.ipynb #a83487e1
 class Keyword(nn.Module):
