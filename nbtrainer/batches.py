@@ -33,11 +33,13 @@ class BatchReader:
 
     def __init__(self, learn):
         self.learn = learn  # whose batch it reads, and whose hooks (`split_batch`, ...) it reads it through
-        self.check_next = self.read_pairs = False  # per phase: its first batch is checked; plain pairs read in place
+        # per phase: its first batch is checked; plain pairs read in place; on the CPU (`is_cpu` makes no device object)
+        self.check_next = self.read_pairs = self.on_cpu = False
 
     def start_phase(self):
         "A phase (training, a validation) starts: its first batch is checked, plain pairs read in place if they may be; -1"
         self.check_next, self.read_pairs = True, self.learn._reads_own_batches() and self._unpadded()
+        self.on_cpu = self.learn.device.type == 'cpu'
         return -1  # the phase's batch index before its first batch
 
     def read(self, batch):
@@ -45,9 +47,9 @@ class BatchReader:
         learn = self.learn
         x, y = batch if self.read_pairs and type(batch) in (tuple, list) and len(batch) == 2 else (None, None)
         if type(x) is torch.Tensor and type(y) is torch.Tensor and (y.ndim == 1 or y.is_floating_point() and y.ndim):
-            device = learn.device  # (inputs, labels) or (inputs, real targets): read in place, no tokens to count
-            if x.device != device or y.device != device:  # a CPU loader's batch for a model on a GPU: moved first
-                x, y = to_device(x, device), to_device(y, device)
+            # (inputs, labels) or (inputs, real targets): read in place, no tokens to count
+            if not (x.is_cpu and y.is_cpu if self.on_cpu else x.device == learn.device == y.device):
+                x, y = to_device(x, learn.device), to_device(y, learn.device)  # a CPU loader's batch, a model on a GPU
                 batch = type(batch)((x, y))
             learn.batch, learn.xb, learn.yb, learn.bs = batch, (x,), y, y.shape[0]
             learn.weights = learn.tokens = None
