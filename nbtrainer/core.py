@@ -95,11 +95,8 @@ class CallbackHost:
 
     def __init__(self, cbs=(), scopes=()):
         "`scopes`: each event pair's (name, its cancel exception, whether it closes on errors too): EventScopes."
-        self.cbs, self.training, self._dispatch = (
-            [],
-            False,
-            types.SimpleNamespace(tables=dispatch_tables([]), generation=0),
-        )
+        self.cbs, self.training = [], False
+        self._dispatch = types.SimpleNamespace(tables=dispatch_tables([]), generation=0)  # generation: see `listen`
         for name, cancel, always in scopes:
             setattr(self._dispatch, name, EventScope(self, name, cancel, always))
         self._events = self._dispatch.tables[False]  # the phase's table: who hears each event now

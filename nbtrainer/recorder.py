@@ -331,7 +331,7 @@ class Recorder(Callback):
         learn, queue = self.learn, self._queue
         progress = learn.fit_progress
         lr = learn.opt.param_groups[-1]['lr']
-        # `.data`: the loss without its graph, as `detach()` gives it at half the cost; the queue only reads it
+        # `.data`: the loss without its graph, as `detach()` gives it, without the dispatcher's call; the queue only reads it
         queue.append((learn.loss.data, learn.bs, progress.epoch, learn.iter, progress.step, lr))
         fresh = self.fresh_within
         if len(queue) >= self.flush_every or (fresh is not None and clock.now() - self._read_at >= fresh):
