@@ -76,6 +76,9 @@ class Accumulation:
         is due now, at its last micro-batch (or `cut`: the pass ended inside it) if any of its micro-batches reached
         backward: `model`'s gradients are then the mean over the examples seen, and the next micro-batch starts a new
         window."""
+        if self.n == 1 and backward:  # a window of one (its plan exact): it counts its own examples and steps
+            self.examples_seen, self.closed = self.batch_examples, True
+            return True
         if backward:
             self.add_backward()
         if not self.backwards or (self.accumulating and not cut):

@@ -301,17 +301,25 @@ class Accuracy(Metric):
     def _labels_hit(self, predicted, truth):
         return predicted == truth  # per label
 
-    def update(self, pred, target, weight=None):
+    def _hits(self, pred, target, weight):
+        "Any layout: a hit per example (per label if multi-label), flat, and its weights (None if `weight` is None)."
         target = class_targets(self, pred, target)
-        if is_multilabel(pred, target):
-            predicted, truth, weight = label_decisions(pred, target, weight, self.threshold)
-            hit = self._labels_hit(predicted, truth)
-            if weight is not None:
-                weight = weight[:, None].expand_as(hit).reshape(-1)
-            hit = hit.reshape(-1)
-        else:
+        if not is_multilabel(pred, target):
             scores, target, weight = class_scores(pred, target, weight, self.threshold)
-            hit = self._is_hit(scores, target)
+            return self._is_hit(scores, target), weight
+        predicted, truth, weight = label_decisions(pred, target, weight, self.threshold)
+        hit = self._labels_hit(predicted, truth)
+        if weight is not None:
+            weight = weight[:, None].expand_as(hit).reshape(-1)
+        return hit.reshape(-1), weight
+
+    def update(self, pred, target, weight=None):
+        # the usual batch, a label and a row of class scores for each example: nothing to flatten, no call to find so
+        plain = weight is None and target.ndim == 1 and pred.ndim == 2 and target.dtype is torch.int64
+        if plain and (shape := pred.shape)[1] > 1 and shape[0] == target.shape[0]:
+            hit = self._is_hit(pred, target)
+        else:
+            hit, weight = self._hits(pred, target, weight)
         if self.hits is None:
             self.hits = torch.zeros((), dtype=torch.int64, device=hit.device)
         if weight is None:
