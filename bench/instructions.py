@@ -9,6 +9,7 @@ Needs valgrind (apt-get install valgrind). Takes a few minutes.
 
     python bench/instructions.py [--short 20] [--long 120] [--modes hand learner logging train_metrics tracker] [--jobs 2]
     python bench/instructions.py --modes hand learner --layouts 3   # the median of 3 memory layouts
+    python bench/instructions.py --modes hand learner --layouts 3 --without-allocators   # less malloc's and free's
     python bench/instructions.py --modes hand_loader learner_loader
     python bench/instructions.py --modes hand_valid learner_valid --short 20 --long 420
     NBTRAINER_TREE=/path/to/other/checkout python bench/instructions.py ...   # that tree's nbtrainer: A/B in one session
@@ -157,8 +158,24 @@ def hand_written_loader_epoch(model, opt, train_dl, valid_dl, device):
         (total / n).item(), (correct / n).item()
 
 
-def count(mode, steps, step_ms=10, layout=0):
-    "Instructions executed by a child process running `mode` for `steps` steps (by its ranks, for a DDP mode)."
+ALLOCATORS = re.compile(r'(?:^|/)(?:obmalloc|malloc)\.c:')  # CPython's small-object allocator, glibc's malloc and free
+
+
+def allocator_share(out_file):
+    "Instructions a callgrind output file spends in the memory allocators (functions of `ALLOCATORS`' files)."
+    text = subprocess.run(
+        ['callgrind_annotate', '--inclusive=no', '--threshold=100', out_file],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = (re.match(r'\s*([\d,]+) \([^)]*\)\s+(\S+)', line) for line in text.splitlines())
+    return sum(int(m.group(1).replace(',', '')) for m in rows if m and ALLOCATORS.search(m.group(2)))
+
+
+def count(mode, steps, step_ms=10, layout=0, without_allocators=False):
+    """Instructions executed by a child process running `mode` for `steps` steps (by its ranks, for a DDP mode);
+    `without_allocators`: less those spent in malloc and free, whose share moves with the memory layout, not the work."""
     env = dict(
         os.environ, OPENBLAS_NUM_THREADS='1', OMP_NUM_THREADS='1', PYTHONHASHSEED='0'
     )  # idle BLAS threads spin, and set orders vary: noise
@@ -187,9 +204,10 @@ def count(mode, steps, step_ms=10, layout=0):
         if run.returncode or not found:
             sys.exit(f'callgrind failed for {mode}:\n{run.stderr[-2000:]}')
         main_pid = re.search(r'==(\d+)==', run.stderr).group(1)  # the first to speak
-        if not mode.startswith('ddp'):
-            return next(int(n) for pid, n in found if pid == main_pid)
-        return sum(int(n) for pid, n in found if pid != main_pid)  # the ranks, not the launcher's polling
+        counted = [(pid, int(n)) for pid, n in found if (pid == main_pid) != mode.startswith('ddp')]  # DDP: the ranks
+        if without_allocators:
+            counted = [(pid, n - allocator_share(f'{tmp}/out.{pid}')) for pid, n in counted]
+        return sum(n for _, n in counted)
 
 
 def main():
@@ -214,6 +232,7 @@ def main():
     parser.add_argument('--jobs', type=int, default=1, help='valgrind processes at once')
     parser.add_argument('--step-ms', type=float, default=10, help="the dashboard mode's fake time a training batch")
     parser.add_argument('--layouts', type=int, default=1, help='memory layouts a count is taken in (the median)')
+    parser.add_argument('--without-allocators', action='store_true', help="leave out malloc's and free's instructions")
     parser.add_argument('--child', nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -222,7 +241,7 @@ def main():
     with ThreadPoolExecutor(args.jobs) as pool:  # each count is a valgrind process: threads only wait for them
         layouts, lengths = range(args.layouts), (args.short, args.long)
         counts = {
-            (mode, n, k): pool.submit(count, mode, n, args.step_ms, k)
+            (mode, n, k): pool.submit(count, mode, n, args.step_ms, k, args.without_allocators)
             for mode in args.modes
             for k in layouts
             for n in lengths
@@ -240,7 +259,8 @@ def main():
                 if mode.endswith('_valid')
                 else 'validation included'
             )
-            print(f'  {mode:<14} {per_step[mode] / 1e6:8.3f} M instructions per step ({what})', flush=True)
+            where = ' outside the allocators' if args.without_allocators else ''
+            print(f'  {mode:<14} {per_step[mode] / 1e6:8.3f} M instructions{where} per step ({what})', flush=True)
     ratios = (
         ('learner', 'hand', 'learn.fit / hand-written'),
         ('logging', 'hand', 'with CSV + TensorBoard + checkpoint / hand-written'),
