@@ -31,6 +31,11 @@ study = Study('ui', dict(lr=Float(1e-3, 0.1, log=True, role='scientific')), buil
     "await task\nprint('STUDY-ENDED', [(r.config['trial'], r.status, r.message == STOP_MESSAGE) for r in study.runs()])",
 ]
 SETUP, RUN, ENDED = range(3)
+RUNNING_ROW = '''cell => {
+    const row = [...cell.querySelectorAll('table.nbtrainer-study tr')].find(r => r.innerText.includes('running'));
+    const tds = row.querySelectorAll('td');
+    return [tds[1].innerText, getComputedStyle(tds[0]).paddingLeft];
+}'''
 
 
 @pytest.fixture
@@ -58,10 +63,10 @@ def test_the_live_study_table_and_its_stop_button(lab):
             live = cell(page, RUN)
             # the running trial is in the table, with the curve of its evaluations so far (the table refreshes)
             live.locator('table.nbtrainer-study tr:has-text("running") svg polyline').first.wait_for(timeout=180_000)
-            # it names the running trial's step, its cells padded as the static table's are (one style, set inline)
-            running = live.locator('table.nbtrainer-study tr:has-text("running")').first
-            assert re.fullmatch(r'running, step \d+', running.locator('td').nth(1).inner_text().strip())
-            padding = running.locator('td').first.evaluate('td => getComputedStyle(td).paddingLeft')
+            # it names the running trial's step, its cells padded as the static table's are (one style, set inline);
+            # read in one script, as the refresh replaces the table and a row found a moment earlier is detached
+            status, padding = live.evaluate(RUNNING_ROW)
+            assert re.fullmatch(r'running, step \d+', status.strip()), status
             assert padding == '8px', padding
             stop = live.locator('.jp-OutputArea-output .widget-button:has-text("Stop")')
             assert stop.is_enabled()
